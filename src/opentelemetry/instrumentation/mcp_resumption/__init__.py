@@ -1,0 +1,126 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Catch silent event loss when MCP clients resume SSE and streamable-HTTP
+streams.
+
+Usage with auto-instrumentation (nothing else to configure)::
+
+    opentelemetry-instrument python my_mcp_client.py
+
+or by hand::
+
+    from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
+
+    McpResumptionInstrumentor().instrument(mode="enforce")
+
+The instrumentor patches the httpx / httpx2 clients and the SSE iterators of
+httpx-sse and httpx2, and adds a :class:`ContinuityProcessor` to the SDK
+TracerProvider.  Every resume (a request carrying ``Last-Event-ID``) gets an
+``mcp.resume`` span, and every gap a ``resumption.gap`` event and metric.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Collection
+from typing import Any
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from opentelemetry import trace
+
+from . import config
+from .continuity import (
+    ResumeCursorRaceError,
+    ResumptionGapError,
+    StreamCursor,
+    verify_resumption,
+)
+from .package import _instruments
+from .patches import active
+from .patches import http as http_patches
+from .patches import sse as sse_patches
+from .processor import ContinuityProcessor
+from .version import __version__
+
+__all__ = [
+    "ContinuityProcessor",
+    "McpResumptionInstrumentor",
+    "ResumeCursorRaceError",
+    "ResumptionGapError",
+    "StreamCursor",
+    "__version__",
+    "verify_resumption",
+]
+
+_logger = logging.getLogger(__name__)
+
+
+def _installed(module_name: str) -> bool:
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class McpResumptionInstrumentor(BaseInstrumentor):
+    """Instruments httpx, httpx2 and httpx-sse for MCP resumption continuity.
+
+    ``instrument()`` accepts ``tracer_provider``, ``meter_provider``,
+    ``logger_provider``, a ready ``processor``, and the settings ``mode``,
+    ``replay_contract``, ``confirm_timeout``, ``session_id`` and
+    ``max_streams`` (each overriding its ``OTEL_PYTHON_MCP_RESUMPTION_*``
+    variable).
+    """
+
+    _patched: list[tuple[Any, str]]
+    processor: ContinuityProcessor | None = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _instrument(self, **kwargs: Any) -> None:
+        # An exception escaping here would abort every instrumentor loaded
+        # after this one: log it and leave the host uninstrumented instead.
+        self._patched = []
+        try:
+            self._install(**kwargs)
+        except Exception:
+            _logger.warning("mcp-resumption instrumentation failed to start", exc_info=True)
+            self._remove()
+
+    def _install(self, **kwargs: Any) -> None:
+        tracer_provider = kwargs.get("tracer_provider") or trace.get_tracer_provider()
+        processor = kwargs.get("processor")
+        if processor is None:
+            settings = config.load(
+                {key: kwargs.get(key) for key in config.Settings.__dataclass_fields__}
+            )
+            processor = ContinuityProcessor(
+                tracer_provider=tracer_provider,
+                meter_provider=kwargs.get("meter_provider"),
+                logger_provider=kwargs.get("logger_provider"),
+                settings=settings,
+            )
+        if hasattr(tracer_provider, "add_span_processor"):
+            tracer_provider.add_span_processor(processor)
+        processor.enabled = True
+        self.processor = processor
+        active.processor = processor
+        http_modules = tuple(name for name in ("httpx", "httpx2") if _installed(name))
+        sse_modules = tuple(name for name in ("httpx_sse", "httpx2") if _installed(name))
+        self._patched += http_patches.instrument(http_modules)
+        self._patched += sse_patches.instrument(sse_modules)
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        # The SDK cannot remove a span processor: switch it off instead.
+        if self.processor is not None:
+            self.processor.shutdown()
+        active.processor = None
+        self.processor = None
+        http_patches.uninstrument(getattr(self, "_patched", []))
+        self._patched = []

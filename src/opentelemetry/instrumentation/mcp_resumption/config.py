@@ -1,0 +1,107 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""``OTEL_PYTHON_MCP_RESUMPTION_*`` settings.
+
+An invalid value never stops the host: it logs one warning naming the
+variable and the accepted values, and the default applies.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .continuity import ReplayContract
+
+_logger = logging.getLogger(__name__)
+
+MODE = "OTEL_PYTHON_MCP_RESUMPTION_MODE"
+REPLAY_CONTRACT = "OTEL_PYTHON_MCP_RESUMPTION_REPLAY_CONTRACT"
+CONFIRM_TIMEOUT = "OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT"
+SESSION_ID = "OTEL_PYTHON_MCP_RESUMPTION_SESSION_ID"
+MAX_STREAMS = "OTEL_PYTHON_MCP_RESUMPTION_MAX_STREAMS"
+
+MODES = ("observe", "enforce")
+SESSION_ID_POLICIES = ("hash", "raw", "omit")
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: str = "observe"
+    replay_contract: ReplayContract = ReplayContract.EXCLUSIVE
+    confirm_timeout: float = 5.0
+    session_id: str = "hash"
+    max_streams: int = 10_000
+
+    @property
+    def enforce(self) -> bool:
+        return self.mode == "enforce"
+
+
+def _choice(name: str, value: object, accepted: tuple[str, ...], default: str) -> str:
+    text = str(value).strip().lower()
+    if text in accepted:
+        return text
+    _logger.warning("%s=%r is not one of %s; using %r", name, value, ", ".join(accepted), default)
+    return default
+
+
+def _number(name: str, value: object, default: float, *, integer: bool) -> float:
+    try:
+        number = int(str(value).strip()) if integer else float(str(value).strip())
+    except (TypeError, ValueError):
+        number = -1
+    if number > 0 and math.isfinite(number):
+        return number
+    kind = "a positive integer" if integer else "a positive number of seconds"
+    _logger.warning("%s=%r is not %s; using %r", name, value, kind, default)
+    return default
+
+
+def load(
+    overrides: Mapping[str, object] | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from keyword ``overrides`` (``instrument(mode=...)``) first,
+    then the environment, then the defaults."""
+    env = os.environ if env is None else env
+    overrides = overrides or {}
+    defaults = Settings()
+
+    def raw(key: str, variable: str) -> object | None:
+        value = overrides.get(key)
+        if value is None:
+            value = env.get(variable) or None
+        return value
+
+    mode = raw("mode", MODE)
+    contract = raw("replay_contract", REPLAY_CONTRACT)
+    if isinstance(contract, ReplayContract):
+        contract = contract.value
+    timeout = raw("confirm_timeout", CONFIRM_TIMEOUT)
+    session_id = raw("session_id", SESSION_ID)
+    max_streams = raw("max_streams", MAX_STREAMS)
+    return Settings(
+        mode=defaults.mode if mode is None else _choice(MODE, mode, MODES, defaults.mode),
+        replay_contract=ReplayContract(
+            defaults.replay_contract.value
+            if contract is None
+            else _choice(
+                REPLAY_CONTRACT,
+                contract,
+                tuple(c.value for c in ReplayContract),
+                defaults.replay_contract.value,
+            )
+        ),
+        confirm_timeout=defaults.confirm_timeout
+        if timeout is None
+        else _number(CONFIRM_TIMEOUT, timeout, defaults.confirm_timeout, integer=False),
+        session_id=defaults.session_id
+        if session_id is None
+        else _choice(SESSION_ID, session_id, SESSION_ID_POLICIES, defaults.session_id),
+        max_streams=defaults.max_streams
+        if max_streams is None
+        else int(_number(MAX_STREAMS, max_streams, defaults.max_streams, integer=True)),
+    )

@@ -1,0 +1,610 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The continuity rules for a resumed MCP stream.
+
+Pure: standard library only, no OpenTelemetry, HTTP or MCP imports, so the
+rules can be read, tested and reused alone.
+
+A client that reconnects with ``Last-Event-ID`` and gets ``200 OK`` has no
+proof that anything was replayed.  The rules below turn what the client saw
+around a resume into a :class:`Verdict`: an outcome and every gap found, each
+gap with what was expected, what was observed, and what to do about it.
+
+Definitions the rules share (they are the ground truth of the tests):
+
+* The *cursor* is the ``Last-Event-ID`` the client presented, bound to the
+  session id it was issued in, whether the application consumed that event,
+  and the digest of its data.
+* The *first event* is the first event the resumed stream delivers; the
+  verdict is given there, at an error status, at the end of the stream, or
+  when the confirmation window passes, whichever comes first.
+* A *marker* is an event with empty data: a 2025-11-25 priming event (id and
+  no data) or a heartbeat.  It says "nothing (more) to replay".
+* Event ids are opaque strings.  Integers and a fixed prefix plus a counter
+  (``e-104``, ``s-77:e-104``, ``<stream>_<n>``) order within one prefix;
+  anything else is opaque and gives no ordering evidence, so where ordering
+  would decide, the outcome is ``unverifiable`` rather than a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = [
+    "Cursor",
+    "EventId",
+    "Gap",
+    "GapKind",
+    "ObservedEvent",
+    "Outcome",
+    "ReplayContract",
+    "ResumeCheck",
+    "ResumeCursorRaceError",
+    "ResumptionGapError",
+    "StreamCursor",
+    "Verdict",
+    "compare_event_ids",
+    "parse_event_id",
+    "verify_resumption",
+]
+
+
+class GapKind(str, Enum):
+    SESSION_CHANGED = "session_changed"
+    ID_REGRESSION = "id_regression"
+    REPLAY_UNCONFIRMED = "replay_unconfirmed"
+    ID_REUSED = "id_reused"
+    DRAIN_RACE = "drain_race"
+    REPLAY_CONTRACT_VIOLATION = "replay_contract_violation"
+    ORPHANED_REQUEST = "orphaned_request"
+    FOREIGN_REPLAY = "foreign_replay"
+
+
+class Outcome(str, Enum):
+    RESUMED = "resumed"
+    CAUGHT_UP = "caught_up"
+    GAP = "gap"
+    REINITIALIZED = "reinitialized"
+    REJECTED = "rejected"
+    UNVERIFIABLE = "unverifiable"
+
+
+class ReplayContract(str, Enum):
+    """What the server replays after ``Last-Event-ID: c``."""
+
+    EXCLUSIVE = "exclusive"  # events with id > c (the MCP SDKs' EventStore contract)
+    INCLUSIVE = "inclusive"  # events with id >= c: the cursor event is sent again
+
+
+class ResumptionGapError(RuntimeError):
+    """Raised when a resumed MCP stream cannot be proven continuous."""
+
+
+class ResumeCursorRaceError(ResumptionGapError):
+    """The cursor names an event the application never consumed, and the
+    server replayed strictly after it: that event is lost exactly once."""
+
+
+# ---------------------------------------------------------------- event ids
+
+# Longer ids are kept opaque: ordering them would cost more than it proves,
+# and int() refuses digit strings past 4300 characters anyway.
+MAX_ORDERED_ID_LENGTH = 128
+_COUNTER = re.compile(r"[0-9]{1,40}")
+# The prefix must carry a letter or digit and end in a separator, so that
+# "e-104", "s-77:e-104" and "abc_7" order but "-5" and " 5" stay opaque.
+_PREFIXED = re.compile(r"(.*[A-Za-z0-9].*[^A-Za-z0-9\s])([0-9]{1,40})", re.DOTALL)
+_UUID = re.compile(r"[0-9a-fA-F]{8}-?(?:[0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}")
+
+
+@dataclass(frozen=True)
+class EventId:
+    """An SSE event id and the ordering evidence it carries, if any."""
+
+    raw: str
+    prefix: str | None = None  # None: opaque; "": a bare integer
+    counter: int | None = None
+
+    @property
+    def scheme(self) -> str:
+        if self.counter is None:
+            return "opaque"
+        return "integer" if self.prefix == "" else "prefixed"
+
+    def __str__(self) -> str:
+        return self.raw
+
+
+def parse_event_id(raw: str | None) -> EventId | None:
+    """Classify one id by its own shape; ``None`` for an absent or empty id."""
+    if not raw or not isinstance(raw, str):
+        return None
+    if len(raw) > MAX_ORDERED_ID_LENGTH or _UUID.fullmatch(raw):
+        return EventId(raw)
+    if _COUNTER.fullmatch(raw):
+        return EventId(raw, "", int(raw))
+    match = _PREFIXED.fullmatch(raw)
+    if match:
+        return EventId(raw, match.group(1), int(match.group(2)))
+    return EventId(raw)
+
+
+def compare_event_ids(a: EventId, b: EventId) -> int | None:
+    """-1, 0 or 1 as ``a`` orders before, with or after ``b``; ``None`` when
+    the two ids carry no ordering evidence against each other."""
+    if a.raw == b.raw:
+        return 0
+    if a.counter is None or b.counter is None or a.prefix != b.prefix:
+        return None
+    return (a.counter > b.counter) - (a.counter < b.counter)
+
+
+# ------------------------------------------------------------------ facts
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """The ``Last-Event-ID`` a client presented, with what was known of it."""
+
+    event_id: EventId
+    session_id: str | None = None  # the session it was issued in; None: unknown
+    known: bool = False  # the event was seen on a tracked stream
+    consumed: bool = True  # the application took the event before the break
+    digest: int | None = None  # digest of the event's data
+    transport: str | None = None  # transport of the stream that issued it
+
+
+@dataclass(frozen=True)
+class ObservedEvent:
+    """One event of the resumed stream, as delivered to the application."""
+
+    event_id: EventId | None
+    digest: int = 0
+    is_marker: bool = False  # empty data: a priming event or heartbeat
+    response_ids: tuple[str, ...] = ()  # JSON-RPC responses it carries
+
+
+@dataclass(frozen=True)
+class Gap:
+    kind: GapKind
+    expected: str
+    observed: str
+    message: str
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    gaps: tuple[Gap, ...]
+    first_event_id: str | None = None
+    replayed_events: int = 0
+
+    @property
+    def kinds(self) -> frozenset[GapKind]:
+        return frozenset(gap.kind for gap in self.gaps)
+
+
+# ------------------------------------------------------------------ rules
+# One function per gap kind.  Each returns the gap it proves, or None.
+
+
+def session_changed_rule(cursor: Cursor, response_session_id: str | None) -> Gap | None:
+    if cursor.session_id is None or response_session_id is None:
+        return None
+    if response_session_id == cursor.session_id:
+        return None
+    return Gap(
+        GapKind.SESSION_CHANGED,
+        expected="session the cursor was issued in",
+        observed="a different session id on the resumed stream",
+        message=(
+            f"session id changed on reconnect with Last-Event-ID {cursor.event_id}: the stream "
+            "was re-established, not resumed; re-initialize and replay pending work explicitly"
+        ),
+    )
+
+
+def id_regression_rule(cursor: Cursor, first: ObservedEvent) -> Gap | None:
+    if first.event_id is None:
+        return None
+    if compare_event_ids(first.event_id, cursor.event_id) != -1:
+        return None
+    return Gap(
+        GapKind.ID_REGRESSION,
+        expected=f">= {cursor.event_id}",
+        observed=first.event_id.raw,
+        message=(
+            f"event id regression: requested after {cursor.event_id}, got {first.event_id}; "
+            "the server's counter was reset, events after the cursor are lost"
+        ),
+    )
+
+
+def id_reused_rule(seen: Mapping[str, int], event: ObservedEvent) -> Gap | None:
+    if event.event_id is None or event.is_marker:
+        return None
+    previous = seen.get(event.event_id.raw)
+    if previous is None or previous == event.digest:
+        return None
+    return Gap(
+        GapKind.ID_REUSED,
+        expected=f"new events to carry new ids, not {event.event_id}",
+        observed=f"{event.event_id} again with different data",
+        message=(
+            f"event id {event.event_id} was reused for a different event in this session: "
+            "deduplicating by id would drop a genuinely new event"
+        ),
+    )
+
+
+def _is_cursor_event(cursor: Cursor, event: ObservedEvent) -> bool:
+    return (
+        event.event_id is not None
+        and event.event_id.raw == cursor.event_id.raw
+        and not event.is_marker
+        and (cursor.digest is None or cursor.digest == event.digest)
+    )
+
+
+def replay_contract_rule(
+    cursor: Cursor, first: ObservedEvent, contract: ReplayContract
+) -> Gap | None:
+    if contract is ReplayContract.EXCLUSIVE:
+        if not _is_cursor_event(cursor, first):
+            return None
+        observed = f"{cursor.event_id} sent again"
+        expected = f"> {cursor.event_id}"
+    else:
+        if _is_cursor_event(cursor, first):
+            return None
+        if first.event_id is not None:
+            order = compare_event_ids(first.event_id, cursor.event_id)
+            if order is None and first.event_id.raw != cursor.event_id.raw:
+                order = 1  # an unseen opaque id: the cursor event was not sent first
+            if order != 1:
+                return None
+        observed = "first event " + (first.event_id.raw if first.event_id else "without id")
+        expected = f"{cursor.event_id} sent again first (>= cursor)"
+    return Gap(
+        GapKind.REPLAY_CONTRACT_VIOLATION,
+        expected=expected,
+        observed=observed,
+        message=(
+            f"the server's replay start contradicts the declared {contract.value} contract; "
+            "set OTEL_PYTHON_MCP_RESUMPTION_REPLAY_CONTRACT to what the server implements, "
+            "or fix the server"
+        ),
+    )
+
+
+def drain_race_rule(cursor: Cursor, first: ObservedEvent) -> Gap | None:
+    if cursor.consumed or not cursor.known or first.event_id is None:
+        return None
+    if _is_cursor_event(cursor, first):
+        return None  # the unconsumed event is delivered again
+    if compare_event_ids(first.event_id, cursor.event_id) == -1:
+        return None  # a counter reset, reported as id_regression
+    return Gap(
+        GapKind.DRAIN_RACE,
+        expected=f"{cursor.event_id} (received, never consumed) delivered again",
+        observed=f"replay started after it, at {first.event_id}",
+        message=(
+            f"Last-Event-ID {cursor.event_id} names an event the application never consumed "
+            "and the server replayed strictly after it: that event is lost exactly once; "
+            "advance the cursor only after consuming an event, or use an inclusive replay"
+        ),
+    )
+
+
+def replay_unconfirmed_rule(delivered: int, reason: str) -> Gap | None:
+    if delivered:
+        return None
+    return Gap(
+        GapKind.REPLAY_UNCONFIRMED,
+        expected="a replayed event or an end-of-replay marker",
+        observed=f"nothing before {reason}",
+        message=(
+            "no replayed event and no end-of-replay marker: 'caught up' and 'replay "
+            "unsupported' are indistinguishable; do not treat the stream as continuous"
+        ),
+    )
+
+
+def orphaned_request_rule(request_id: str, method: str, why: str) -> Gap:
+    return Gap(
+        GapKind.ORPHANED_REQUEST,
+        expected=f"the response to {method or 'request'} {request_id}",
+        observed=why,
+        message=(
+            f"JSON-RPC request {request_id} ({method or 'unknown method'}) was in flight when "
+            f"the stream broke and its response will not arrive ({why}); re-issue it"
+        ),
+        request_id=request_id,
+    )
+
+
+def foreign_replay_rule(response_id: str, sent_by_session: Callable[[str], bool]) -> Gap | None:
+    if sent_by_session(response_id):
+        return None
+    return Gap(
+        GapKind.FOREIGN_REPLAY,
+        expected="responses only to requests this session sent",
+        observed=f"a response to request id {response_id}, never sent here",
+        message=(
+            f"the replay carries a response to request {response_id} that this session never "
+            "sent: it belongs to another stream or session; do not apply it"
+        ),
+        request_id=response_id,
+    )
+
+
+# --------------------------------------------------------------- the check
+
+
+@dataclass
+class _LostOrPending:
+    method: str
+    event_id: EventId | None  # the unconsumed event that carried its response, if any
+
+
+class ResumeCheck:
+    """Runs the rules over one resume attempt, fed in the order things happen.
+
+    Not thread-safe on its own: the tracker calls it under its lock.  Every
+    ``on_*`` method returns the gaps it newly found; :attr:`verdict` is set
+    once, at the first decisive fact, and gaps found later on the same stream
+    (a reused id, a foreign response, an orphan seen at the stream's end) are
+    returned as they are found.
+    """
+
+    def __init__(
+        self,
+        cursor: Cursor,
+        contract: ReplayContract = ReplayContract.EXCLUSIVE,
+        *,
+        seen: Mapping[str, int] | None = None,
+        pending: Mapping[str, str] | None = None,
+        unconsumed_responses: Mapping[str, tuple[str, EventId | None]] | None = None,
+        sent_by_session: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.cursor = cursor
+        self.contract = contract
+        self._seen = seen if seen is not None else {}
+        # request id -> method: requests whose response must come on this stream
+        self._pending: dict[str, _LostOrPending] = {
+            rid: _LostOrPending(method, None) for rid, method in (pending or {}).items()
+        }
+        for rid, (method, event_id) in (unconsumed_responses or {}).items():
+            self._pending[rid] = _LostOrPending(method, event_id)
+        self._sent_by_session = sent_by_session
+        self.response_session_id: str | None = None
+        self.verdict: Verdict | None = None
+        self.gaps: list[Gap] = []
+        self.delivered = 0
+        self.first_event_id: str | None = None
+        self._session_changed: Gap | None = None
+        self._replaced = False
+        self._ended = False
+
+    # -- facts, in wire order
+
+    def on_response(self, status: int, session_id: str | None) -> list[Gap]:
+        self.response_session_id = session_id
+        if status >= 400:
+            found = self._orphan_all(f"the resume was answered {status}")
+            self._decide(Outcome.REJECTED, found)
+            return found
+        self._session_changed = session_changed_rule(self.cursor, session_id)
+        return []
+
+    def on_event(self, event: ObservedEvent) -> list[Gap]:
+        if self._ended:
+            return []
+        self.delivered += 1
+        found: list[Gap] = []
+        if self.verdict is None:
+            found.extend(self._first_event(event))
+        else:
+            found.extend(self._later_event(event))
+        return found
+
+    def on_end(self, reason: str, *, closed_by_client: bool = False) -> list[Gap]:
+        """The stream ended (``reason`` says how) or the client closed it."""
+        if self._ended:
+            return []
+        self._ended = True
+        found: list[Gap] = []
+        if self.verdict is None:
+            if closed_by_client and self._session_changed is not None and not self.delivered:
+                # The fail-closed path: the client saw the new session id and
+                # walked away before applying anything.
+                self._decide(Outcome.REINITIALIZED, [])
+                return []
+            if self._session_changed is not None:
+                found.append(self._session_changed)
+                found.extend(self._orphan_all("the session changed"))
+            unconfirmed = replay_unconfirmed_rule(self.delivered, reason)
+            if unconfirmed is not None:
+                found.append(unconfirmed)
+            if not closed_by_client:
+                found.extend(self._orphan_all(f"the resumed stream ended ({reason})"))
+            self._decide(Outcome.UNVERIFIABLE, found)
+            return found
+        if not closed_by_client:
+            found.extend(self._orphan_all(f"the resumed stream ended ({reason})"))
+            self.gaps.extend(found)
+        return found
+
+    def on_timeout(self, seconds: float) -> list[Gap]:
+        """The confirmation window passed with the stream still open."""
+        if self.verdict is not None or self._ended:
+            return []
+        found: list[Gap] = []
+        if self._session_changed is not None:
+            found.append(self._session_changed)
+            found.extend(self._orphan_all("the session changed"))
+        unconfirmed = replay_unconfirmed_rule(
+            self.delivered, f"the {seconds:g} s confirmation window passed"
+        )
+        if unconfirmed is not None:
+            found.append(unconfirmed)
+        self._decide(Outcome.UNVERIFIABLE, found)
+        return found
+
+    # -- internals
+
+    def _first_event(self, first: ObservedEvent) -> list[Gap]:
+        self.first_event_id = first.event_id.raw if first.event_id else None
+        found: list[Gap] = []
+        if self._session_changed is not None:
+            found.append(self._session_changed)
+        regression = id_regression_rule(self.cursor, first)
+        if regression is not None:
+            found.append(regression)
+        # A new session or a reset counter means this is not the stream that
+        # broke: nothing it sends can answer what was pending there.
+        self._replaced = replaced = bool(found)
+        # Checks below compare against this session's history, so they apply
+        # only while the stream kept its session and counter.
+        reused = None if replaced else id_reused_rule(self._seen, first)
+        if reused is not None:
+            found.append(reused)
+        if not found:
+            # Only a stream that kept its session and its counter can be
+            # judged against the contract and the drain race.
+            for gap in (
+                replay_contract_rule(self.cursor, first, self.contract),
+                drain_race_rule(self.cursor, first),
+            ):
+                if gap is not None:
+                    found.append(gap)
+        if replaced:
+            found.extend(self._orphan_all("the resumed stream is not the one that broke"))
+        else:
+            found.extend(self._settle_unconsumed(first))
+            found.extend(self._responses(first))
+
+        if found:
+            outcome = Outcome.GAP
+        elif not self.cursor.known:
+            outcome = Outcome.UNVERIFIABLE  # nothing to bind the cursor to
+        elif first.is_marker:
+            outcome = Outcome.CAUGHT_UP
+        elif first.event_id is None:
+            outcome = Outcome.UNVERIFIABLE
+        else:
+            order = compare_event_ids(first.event_id, self.cursor.event_id)
+            outcome = Outcome.RESUMED if order is not None else Outcome.UNVERIFIABLE
+        self._decide(outcome, found)
+        return found
+
+    def _later_event(self, event: ObservedEvent) -> list[Gap]:
+        if self._replaced:
+            return []
+        found: list[Gap] = []
+        reused = id_reused_rule(self._seen, event)
+        if reused is not None:
+            found.append(reused)
+        found.extend(self._responses(event))
+        self.gaps.extend(found)
+        return found
+
+    def _settle_unconsumed(self, first: ObservedEvent) -> list[Gap]:
+        """Responses that sat in received-but-unconsumed events: redelivered,
+        or lost for good because the replay starts after them."""
+        found: list[Gap] = []
+        for rid, entry in list(self._pending.items()):
+            if entry.event_id is None:
+                continue
+            order = compare_event_ids(entry.event_id, self.cursor.event_id)
+            resent = first.event_id is not None and first.event_id.raw == entry.event_id.raw
+            if order == -1 or (order == 0 and not resent):
+                del self._pending[rid]
+                found.append(
+                    orphaned_request_rule(
+                        rid, entry.method, f"its response was in {entry.event_id}, not replayed"
+                    )
+                )
+            else:
+                entry.event_id = None  # will be replayed; wait for it
+        return found
+
+    def _responses(self, event: ObservedEvent) -> list[Gap]:
+        found: list[Gap] = []
+        for rid in event.response_ids:
+            if self._pending.pop(rid, None) is not None:
+                continue
+            if self._sent_by_session is not None:
+                gap = foreign_replay_rule(rid, self._sent_by_session)
+                if gap is not None:
+                    found.append(gap)
+        return found
+
+    def _orphan_all(self, why: str) -> list[Gap]:
+        found = [
+            orphaned_request_rule(rid, entry.method, why) for rid, entry in self._pending.items()
+        ]
+        self._pending.clear()
+        return found
+
+    def _decide(self, outcome: Outcome, found: Iterable[Gap]) -> None:
+        self.gaps.extend(found)
+        if self.gaps:
+            outcome = Outcome.GAP
+        self.verdict = Verdict(outcome, tuple(self.gaps), self.first_event_id, self.delivered)
+
+    @property
+    def finished(self) -> bool:
+        return self._ended or (self.verdict is not None and not self._pending)
+
+
+# ---------------------------------------------------- seed-compatible API
+
+
+@dataclass(frozen=True)
+class StreamCursor:
+    """A resumption cursor bound to the session id it was issued in."""
+
+    session_id: str
+    last_event_id: int | str
+
+
+def verify_resumption(
+    cursor: StreamCursor,
+    response_session_id: str,
+    first_replayed_event_id: int | str | None,
+) -> None:
+    """The first seed's check: raise :class:`ResumptionGapError` unless the
+    resumed stream kept its session and its first replayed id does not order
+    below the cursor.  An empty replay proves nothing and raises too."""
+    # Session identity must survive the transport generation change.
+    if response_session_id != cursor.session_id:
+        raise ResumptionGapError(
+            f"session id changed on reconnect: had {cursor.session_id!r}, "
+            f"got {response_session_id!r}; resumption is unproven, re-initialize"
+        )
+    # "Caught up" and "replay unsupported" look the same on the wire.
+    if first_replayed_event_id is None:
+        raise ResumptionGapError(
+            "no replayed event on resume; cannot distinguish caught-up "
+            "from replay-unsupported, refuse to treat as continuous"
+        )
+    first = parse_event_id(str(first_replayed_event_id))
+    last = parse_event_id(str(cursor.last_event_id))
+    if first is None or last is None:
+        raise ResumptionGapError("empty event id on resume; continuity is unproven")
+    order = compare_event_ids(first, last)
+    if order == -1:
+        raise ResumptionGapError(
+            f"event id regression: requested >= {cursor.last_event_id}, "
+            f"got {first_replayed_event_id}; counter reset implies gap"
+        )
+    if order is None:
+        raise ResumptionGapError(
+            f"event ids {cursor.last_event_id!r} and {first_replayed_event_id!r} carry no "
+            "ordering evidence; continuity is unverifiable, re-initialize"
+        )

@@ -1,0 +1,55 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""What the continuity checks need from a JSON-RPC message: request and
+response ids.  Pure: standard library only; never raises."""
+
+from __future__ import annotations
+
+import json
+
+# Bodies above this are not parsed: a tool result can be megabytes, and the
+# ids are not worth that much CPU on the host's hot path.
+MAX_PARSED_BYTES = 64 * 1024
+
+
+def request_key(request_id: object) -> str | None:
+    """A stable key for a JSON-RPC id that keeps ``1`` and ``"1"`` apart."""
+    if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
+        return None
+    return json.dumps(request_id)
+
+
+def _messages(text: str | bytes | None) -> list[dict]:
+    if not text or len(text) > MAX_PARSED_BYTES:
+        return []
+    try:
+        decoded = json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        return []
+    items = decoded if isinstance(decoded, list) else [decoded]
+    return [item for item in items if isinstance(item, dict)]
+
+
+def requests_in(text: str | bytes | None) -> list[tuple[str, str]]:
+    """(id key, method) of every request (not notification) in a body."""
+    found = []
+    for message in _messages(text):
+        method = message.get("method")
+        key = request_key(message.get("id"))
+        if isinstance(method, str) and key is not None:
+            found.append((key, method[:64]))
+    return found
+
+
+def responses_in(text: str | None) -> tuple[str, ...]:
+    """Id keys of every response (result or error) in an event's data."""
+    # Cheap pre-check: most events on a busy stream are notifications.
+    if not text or ('"result"' not in text and '"error"' not in text):
+        return ()
+    return tuple(
+        key
+        for message in _messages(text)
+        if "method" not in message and ("result" in message or "error" in message)
+        for key in (request_key(message.get("id")),)
+        if key is not None
+    )

@@ -1,0 +1,47 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Patches that observe MCP traffic and report facts to the processor.
+
+Every patch catches its own faults, logs once and lets the host's call go
+on; the only exception that may leave a patch on purpose is the gap error
+of enforce mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..continuity import ResumptionGapError
+
+_logger = logging.getLogger(__name__)
+_reported: set[str] = set()
+
+T = TypeVar("T")
+
+
+class _Active:
+    """The processor the patches report to; None while uninstrumented."""
+
+    processor: Any = None
+
+
+active = _Active()
+
+
+def guarded(site: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    try:
+        return function(*args, **kwargs)
+    except ResumptionGapError:
+        raise
+    except Exception:  # the host's call must go on whatever we got wrong
+        if site not in _reported:
+            _reported.add(site)
+            _logger.warning(
+                "mcp-resumption: %s failed; continuity checks skip it, the application "
+                "is unaffected",
+                site,
+                exc_info=True,
+            )
+        return None

@@ -1,0 +1,197 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""httpx and httpx2 clients (sync and async): request and response facts.
+
+``Client.send`` is wrapped rather than the transport, so that the facts are
+in a ContextVar while the httpx instrumentation's client span starts inside
+the transport (the processor's ``on_start`` copies them onto it) and so that
+the resume's ``mcp.resume`` span is that span's parent.
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import nullcontext
+from typing import Any
+from urllib.parse import parse_qs
+
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
+from wrapt import wrap_function_wrapper
+
+from opentelemetry import trace
+
+from ..jsonrpc import MAX_PARSED_BYTES, requests_in
+from ..processor import RequestFacts, StreamContext, _request_attributes
+from . import active, guarded
+
+# response -> the stream context its EventSource reads through
+streams: weakref.WeakKeyDictionary[Any, StreamContext] = weakref.WeakKeyDictionary()
+
+MAX_HEADER_LENGTH = 1024
+
+
+def _header(headers: Any, name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    value = value.strip()
+    return value[:MAX_HEADER_LENGTH] if value else None
+
+
+def request_facts(request: Any) -> RequestFacts | None:
+    """Facts of an MCP-looking request; None for other HTTP traffic, which
+    is left alone at the cost of a few header lookups."""
+    headers = request.headers
+    last_event_id = _header(headers, "last-event-id")
+    session_id = _header(headers, "mcp-session-id")
+    accept = headers.get("accept", "")
+    url = request.url
+    query = url.query.decode("ascii", "replace") if isinstance(url.query, bytes) else url.query
+    legacy_session_id = None
+    if query and "ession" in query:
+        params = parse_qs(query)
+        for name in ("sessionId", "session_id"):
+            if params.get(name):
+                legacy_session_id = params[name][0][:MAX_HEADER_LENGTH]
+                break
+    if not (last_event_id or session_id or legacy_session_id or "text/event-stream" in accept):
+        return None
+    method = request.method
+    requests: list[tuple[str, str]] = []
+    if method == "POST":
+        try:
+            body = request.content
+        except Exception:  # a streaming body has not been read: not ours to read
+            body = None
+        if body and len(body) <= MAX_PARSED_BYTES:
+            requests = requests_in(body)
+    host = url.host or ""
+    return RequestFacts(
+        method=method,
+        server=f"{host}:{url.port}" if url.port else host,
+        host=host,
+        last_event_id=last_event_id,
+        session_id=session_id,
+        legacy_session_id=legacy_session_id,
+        protocol_version=_header(headers, "mcp-protocol-version"),
+        requests=requests,
+    )
+
+
+def _prepare(args: tuple, kwargs: dict):
+    processor = active.processor
+    if processor is None or not processor.enabled or not is_instrumentation_enabled():
+        return None
+    request = args[0] if args else kwargs.get("request")
+    facts = guarded("reading request facts", request_facts, request)
+    if facts is None:
+        return None
+    resume = guarded("opening the resume span", processor.begin_request, facts)
+    attributes = guarded("request attributes", processor.request_attributes, facts)
+    return processor, facts, resume, attributes
+
+
+def _span_scope(resume: Any):
+    if resume is None:
+        return nullcontext()
+    return trace.use_span(resume.span, end_on_exit=False, record_exception=False)
+
+
+def _observe_response(processor: Any, facts: RequestFacts, resume: Any, response: Any) -> None:
+    content_type = response.headers.get("content-type", "")
+    context = processor.end_request(
+        facts,
+        resume,
+        response.status_code,
+        _header(response.headers, "mcp-session-id"),
+        content_type.split(";", 1)[0].strip().lower() == "text/event-stream",
+    )
+    if context is not None:
+        streams[response] = context
+
+
+def _failed(resume: Any, error: BaseException) -> None:
+    if resume is not None:
+        resume.span.record_exception(error)
+        resume.span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+        resume.span.end()
+
+
+def _send(wrapped, instance, args, kwargs):
+    prepared = _prepare(args, kwargs)
+    if prepared is None:
+        return wrapped(*args, **kwargs)
+    processor, facts, resume, attributes = prepared
+    token = _request_attributes.set(attributes)
+    try:
+        with _span_scope(resume):
+            response = wrapped(*args, **kwargs)
+    except BaseException as error:
+        guarded("recording a failed reconnect", _failed, resume, error)
+        raise
+    finally:
+        _request_attributes.reset(token)
+    guarded("reading response facts", _observe_response, processor, facts, resume, response)
+    return response
+
+
+async def _async_send(wrapped, instance, args, kwargs):
+    prepared = _prepare(args, kwargs)
+    if prepared is None:
+        return await wrapped(*args, **kwargs)
+    processor, facts, resume, attributes = prepared
+    token = _request_attributes.set(attributes)
+    try:
+        with _span_scope(resume):
+            response = await wrapped(*args, **kwargs)
+    except BaseException as error:
+        guarded("recording a failed reconnect", _failed, resume, error)
+        raise
+    finally:
+        _request_attributes.reset(token)
+    guarded("reading response facts", _observe_response, processor, facts, resume, response)
+    return response
+
+
+def _closed(response: Any) -> None:
+    context = streams.pop(response, None)
+    if context is not None and active.processor is not None:
+        active.processor.ended(context, "closed by the application", closed_by_client=True)
+
+
+def _close(wrapped, instance, args, kwargs):
+    # A client that reads the headers and walks away never iterates the
+    # events: the close is the only sign (the fail-closed re-initialise path).
+    if instance in streams:
+        guarded("observing a closed response", _closed, instance)
+    return wrapped(*args, **kwargs)
+
+
+async def _aclose(wrapped, instance, args, kwargs):
+    if instance in streams:
+        guarded("observing a closed response", _closed, instance)
+    return await wrapped(*args, **kwargs)
+
+
+TARGETS = (
+    ("Client.send", _send),
+    ("AsyncClient.send", _async_send),
+    ("Response.close", _close),
+    ("Response.aclose", _aclose),
+)
+
+
+def instrument(module_names: tuple[str, ...]) -> list[tuple[Any, str]]:
+    patched = []
+    for module_name in module_names:
+        for target, wrapper in TARGETS:
+            wrap_function_wrapper(module_name, target, wrapper)
+            class_name, method = target.split(".")
+            module = __import__(module_name)
+            patched.append((getattr(module, class_name), method))
+    return patched
+
+
+def uninstrument(patched: list[tuple[Any, str]]) -> None:
+    for owner, method in patched:
+        unwrap(owner, method)

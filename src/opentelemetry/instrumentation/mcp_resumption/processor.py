@@ -1,0 +1,445 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""ContinuityProcessor: owns the tracker and the rules, writes the telemetry.
+
+The patches report facts (a request went out, a response came back, an event
+was handed to the application, the application asked for the next one, the
+stream ended); the processor feeds them to the tracker and turns what the
+rules find into an ``mcp.resume`` span, ``resumption.gap`` span and log
+events, and metrics.  Rules and metrics run on every observation, whether
+the trace is sampled or not, so sampling never changes the counts.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import heapq
+import hmac
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry._logs import get_logger
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import SpanKind
+
+from opentelemetry import metrics, trace
+
+from . import config
+from . import semconv as sc
+from .continuity import Gap, GapKind, ResumeCursorRaceError, ResumptionGapError, Verdict
+from .tracker import Step, Stream, Tracker
+from .version import __version__
+
+_logger = logging.getLogger(__name__)
+
+# Request facts for the HTTP client span that the httpx instrumentation
+# opens inside the patched call; read in on_start.
+_request_attributes: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "mcp_resumption_request_attributes", default=None
+)
+
+
+@dataclass
+class RequestFacts:
+    """What one outgoing HTTP request tells the continuity checks."""
+
+    method: str
+    server: str  # host:port, the scope of event ids
+    host: str  # for metric attributes: bounded, never a path or query
+    last_event_id: str | None = None
+    session_id: str | None = None  # Mcp-Session-Id header
+    legacy_session_id: str | None = None  # sessionId / session_id query parameter
+    protocol_version: str | None = None
+    requests: list[tuple[str, str]] = field(default_factory=list)  # JSON-RPC (id key, method)
+
+
+class StreamContext:
+    """The processor's view of one SSE response being read."""
+
+    __slots__ = (
+        "attributes",
+        "deadline",
+        "error",
+        "facts",
+        "span",
+        "started",
+        "stream",
+        "transport",
+    )
+
+    def __init__(self, facts: RequestFacts, stream: Stream, transport: str) -> None:
+        self.facts = facts
+        self.stream = stream
+        self.transport = transport
+        self.attributes = {sc.MCP_TRANSPORT: transport, sc.SERVER_ADDRESS: facts.host}
+        self.span: Span | None = None
+        self.started = 0.0
+        self.error: ResumptionGapError | None = None
+        self.deadline: list | None = None
+
+
+@dataclass
+class ResumeStart:
+    """A reconnect request carrying Last-Event-ID, before its answer."""
+
+    span: Any
+    started: float
+
+
+class _Deadlines:
+    """One daemon thread that fires confirmation-window timeouts; a timer
+    thread per resume would not survive hundreds of concurrent streams."""
+
+    def __init__(self) -> None:
+        self._heap: list[list] = []
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._order = itertools.count()
+        self._closed = False
+
+    def add(self, delay: float, callback: Callable[[], None]) -> list:
+        entry = [time.monotonic() + delay, next(self._order), callback]
+        with self._cv:
+            if self._closed:
+                return entry
+            heapq.heappush(self._heap, entry)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="mcp-resumption-deadlines", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify()
+        return entry
+
+    @staticmethod
+    def cancel(entry: list | None) -> None:
+        if entry is not None:
+            entry[2] = None
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._heap.clear()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    timeout = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._cv.wait(timeout)
+                if self._closed:
+                    return
+                _, _, callback = heapq.heappop(self._heap)
+            if callback is not None:
+                try:
+                    callback()
+                except Exception:  # never let the timer thread die
+                    _logger.debug("confirmation timeout callback failed", exc_info=True)
+
+
+class ContinuityProcessor(SpanProcessor):
+    """Runs the continuity checks for every MCP stream the patches observe.
+
+    The instrumentor creates one and adds it to the SDK TracerProvider; it
+    can also be built and passed by hand: ``McpResumptionInstrumentor()
+    .instrument(processor=ContinuityProcessor(...))``.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        logger_provider: Any | None = None,
+        settings: config.Settings | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.settings = settings or config.load(overrides)
+        self.tracker = Tracker(self.settings.max_streams, self.settings.replay_contract)
+        self.enabled = True
+        self._tracer = trace.get_tracer(
+            sc.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
+        )
+        meter = metrics.get_meter(sc.INSTRUMENTATION_NAME, __version__, meter_provider)
+        self._attempts = meter.create_counter(*sc.ATTEMPTS)
+        self._gaps = meter.create_counter(*sc.GAPS)
+        self._duration = meter.create_histogram(*sc.DURATION)
+        self._replayed = meter.create_histogram(*sc.REPLAYED_EVENTS)
+        self._events = meter.create_counter(*sc.STREAM_EVENTS)
+        self._evicted = meter.create_counter(*sc.EVICTED_STREAMS)
+        self._evicted_reported = 0
+        self._events_logger = get_logger(
+            sc.INSTRUMENTATION_NAME, __version__, logger_provider=logger_provider
+        )
+        self._hash_key = os.urandom(32)
+        self._deadlines = _Deadlines()
+
+    # ------------------------------------------------------ SpanProcessor
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        attributes = _request_attributes.get()
+        if attributes and self.enabled and span.kind is SpanKind.CLIENT:
+            span.set_attributes(attributes)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self.enabled = False
+        self._deadlines.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    # ------------------------------------------------------ facts in
+
+    def session_attribute(self, session_id: str | None) -> str | None:
+        if session_id is None or self.settings.session_id == "omit":
+            return None
+        if self.settings.session_id == "raw":
+            return session_id
+        digest = hmac.new(self._hash_key, session_id.encode("utf-8", "replace"), hashlib.sha256)
+        return digest.hexdigest()[:16]
+
+    def request_attributes(self, facts: RequestFacts) -> dict[str, Any]:
+        attributes: dict[str, Any] = {}
+        session = self.session_attribute(facts.session_id or facts.legacy_session_id)
+        if session is not None:
+            attributes[sc.MCP_SESSION_ID] = session
+        if facts.last_event_id is not None:
+            attributes[sc.RESUMPTION_LAST_EVENT_ID] = facts.last_event_id[:128]
+        if facts.protocol_version is not None:
+            attributes[sc.MCP_PROTOCOL_VERSION] = facts.protocol_version[:32]
+        return attributes
+
+    def begin_request(self, facts: RequestFacts) -> ResumeStart | None:
+        """Called before the request is sent; a resume opens ``mcp.resume``."""
+        if facts.last_event_id is None:
+            return None
+        span = self._tracer.start_span(
+            sc.RESUME_SPAN_NAME,
+            kind=SpanKind.INTERNAL,
+            attributes={
+                sc.SERVER_ADDRESS: facts.host,
+                **self.request_attributes(facts),
+            },
+        )
+        return ResumeStart(span, time.monotonic())
+
+    def end_request(
+        self,
+        facts: RequestFacts,
+        resume: ResumeStart | None,
+        status: int,
+        response_session_id: str | None,
+        event_stream: bool,
+    ) -> StreamContext | None:
+        """The response's headers arrived.  Returns the context of the SSE
+        stream to read, or None when there is nothing to follow."""
+        if not event_stream:
+            if facts.legacy_session_id and facts.requests and status < 300:
+                # Legacy transport: the answer comes on the session's GET stream.
+                self.tracker.request_sent(facts.server, facts.legacy_session_id, facts.requests)
+            if resume is None:
+                return None
+            if status < 400:
+                status = status or 0
+        transport = self._transport(facts, response_session_id)
+        session_id = response_session_id or facts.session_id
+        if facts.requests and event_stream:
+            self.tracker.request_sent(facts.server, session_id, facts.requests)
+        stream = self.tracker.open_stream(
+            facts.server,
+            transport,
+            session_id=session_id,
+            last_event_id=facts.last_event_id,
+            carries=[key for key, _ in facts.requests],
+        )
+        context = StreamContext(facts, stream, transport)
+        if resume is None:
+            return context
+        context.span = resume.span
+        context.started = resume.started
+        if resume.span.is_recording():
+            resume.span.set_attribute(sc.MCP_TRANSPORT, transport)
+            resume.span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, status)
+            check = stream.check
+            if check is not None and check.cursor.session_id is not None:
+                previous = self.session_attribute(check.cursor.session_id)
+                if previous is not None:
+                    resume.span.set_attribute(sc.RESUMPTION_PREVIOUS_SESSION_ID, previous)
+            current = self.session_attribute(response_session_id)
+            if current is not None:
+                resume.span.set_attribute(sc.MCP_SESSION_ID, current)
+        self._apply(context, self.tracker.response(stream, status, response_session_id))
+        if not event_stream:
+            self._apply(context, self.tracker.stream_ended(stream, "a response without events"))
+            return None
+        if stream.check is not None and stream.check.verdict is None:
+            context.deadline = self._deadlines.add(
+                self.settings.confirm_timeout, lambda: self._timeout(context)
+            )
+        return context
+
+    def event(
+        self, context: StreamContext, event_type: str, event_id: str | None, data: str
+    ) -> None:
+        """An event is about to be handed to the application.  In enforce mode
+        raises the gap error instead, so the application never sees an event
+        of an unproven stream."""
+        if context.error is not None:
+            raise context.error
+        if not self.enabled:
+            return
+        self._events.add(1, context.attributes)
+        if event_type == "endpoint":
+            session_id = legacy_session_from_endpoint(data)
+            if session_id is not None:
+                self.tracker.bind_session(context.stream, session_id)
+            return
+        self._apply(context, self.tracker.event_received(context.stream, event_id or None, data))
+        if context.error is not None:
+            raise context.error
+
+    def asked_next(self, context: StreamContext) -> None:
+        self.tracker.event_consumed(context.stream)
+
+    def ended(self, context: StreamContext, reason: str, *, closed_by_client: bool = False) -> None:
+        self._deadlines.cancel(context.deadline)
+        self._apply(
+            context,
+            self.tracker.stream_ended(context.stream, reason, closed_by_client=closed_by_client),
+        )
+
+    # ------------------------------------------------------ telemetry out
+
+    def _timeout(self, context: StreamContext) -> None:
+        seconds = self.settings.confirm_timeout
+        self._apply(context, self.tracker.timeout(context.stream, seconds))
+
+    def _apply(self, context: StreamContext, step: Step) -> None:
+        if step.verdict is None and not step.gaps:
+            return
+        check = context.stream.check
+        for gap in step.gaps:
+            self._emit_gap(context, gap)
+        if step.verdict is not None:
+            self._deadlines.cancel(context.deadline)
+            self._finish(context, step.verdict, check.cursor.transport if check else None)
+        if step.gaps and self.settings.enforce and context.error is None:
+            context.error = enforcement_error(step.gaps)
+        self._report_evictions()
+
+    def _emit_gap(self, context: StreamContext, gap: Gap) -> None:
+        self._gaps.add(1, {sc.GAP_KIND: gap.kind.value, **context.attributes})
+        attributes: dict[str, Any] = {
+            sc.GAP_KIND: gap.kind.value,
+            sc.GAP_EXPECTED: gap.expected,
+            sc.GAP_OBSERVED: gap.observed,
+            sc.MCP_TRANSPORT: context.transport,
+            sc.SERVER_ADDRESS: context.facts.host,
+        }
+        if gap.request_id is not None:
+            attributes[sc.JSONRPC_REQUEST_ID] = gap.request_id
+        span = context.span
+        if span is None or not span.is_recording():
+            span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event(sc.GAP_EVENT_NAME, attributes)
+        span_context = trace.set_span_in_context(span) if span.is_recording() else None
+        self._events_logger.emit(
+            event_name=sc.GAP_EVENT_NAME,
+            body=gap.message,
+            attributes=attributes,
+            context=span_context,
+            severity_number=_WARN,
+            severity_text="WARN",
+        )
+
+    def _finish(self, context: StreamContext, verdict: Verdict, previous: str | None) -> None:
+        outcome = verdict.outcome.value
+        base = {sc.RESUMPTION_OUTCOME: outcome, sc.MCP_TRANSPORT: context.transport}
+        self._attempts.add(
+            1,
+            {
+                **base,
+                sc.RESUMPTION_PREVIOUS_TRANSPORT: previous or sc.NO_PREVIOUS_TRANSPORT,
+                sc.SERVER_ADDRESS: context.facts.host,
+            },
+        )
+        if context.started:
+            self._duration.record(
+                max(0.0, time.monotonic() - context.started),
+                {**base, sc.SERVER_ADDRESS: context.facts.host},
+            )
+        self._replayed.record(verdict.replayed_events, base)
+        span = context.span
+        if span is not None:
+            if span.is_recording():
+                span.set_attribute(sc.RESUMPTION_OUTCOME, outcome)
+                span.set_attribute(sc.RESUMPTION_REPLAYED_EVENTS, verdict.replayed_events)
+                if verdict.first_event_id is not None:
+                    span.set_attribute(sc.RESUMPTION_FIRST_EVENT_ID, verdict.first_event_id[:128])
+                if previous:
+                    span.set_attribute(sc.RESUMPTION_PREVIOUS_TRANSPORT, previous)
+                if verdict.gaps:
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, verdict.gaps[0].message))
+            span.end()
+
+    def _report_evictions(self) -> None:
+        evicted = self.tracker.evicted_streams
+        if evicted > self._evicted_reported:
+            self._evicted.add(evicted - self._evicted_reported)
+            self._evicted_reported = evicted
+
+    @staticmethod
+    def _transport(facts: RequestFacts, response_session_id: str | None) -> str:
+        if facts.legacy_session_id is None and (
+            facts.method == "POST"
+            or facts.session_id
+            or facts.protocol_version
+            or facts.last_event_id
+            or response_session_id
+        ):
+            return sc.TRANSPORT_STREAMABLE_HTTP
+        return sc.TRANSPORT_SSE
+
+
+_WARN = None
+try:
+    from opentelemetry._logs import SeverityNumber
+
+    _WARN = SeverityNumber.WARN
+except ImportError:  # pragma: no cover - older API
+    pass
+
+
+def enforcement_error(gaps: tuple[Gap, ...]) -> ResumptionGapError:
+    message = "; ".join(gap.message for gap in gaps)
+    if any(gap.kind is GapKind.DRAIN_RACE for gap in gaps):
+        return ResumeCursorRaceError(message)
+    return ResumptionGapError(message)
+
+
+def legacy_session_from_endpoint(data: str) -> str | None:
+    """The session id in a legacy ``endpoint`` event (``/messages/?session_id=…``)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    try:
+        query = parse_qs(urlsplit(data.strip()).query)
+    except ValueError:
+        return None
+    for name in ("sessionId", "session_id"):
+        values = query.get(name)
+        if values and values[0]:
+            return values[0][:256]
+    return None

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+
+class Telemetry:
+    """SDK providers with in-memory exporters, and readers for the tests."""
+
+    def __init__(self, sampler=None) -> None:
+        self.spans = InMemorySpanExporter()
+        kwargs = {"sampler": sampler} if sampler is not None else {}
+        self.tracer_provider = TracerProvider(**kwargs)
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.metric_reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.metric_reader])
+        self.logs = InMemoryLogRecordExporter()
+        self.logger_provider = LoggerProvider()
+        self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.logs))
+
+    def providers(self) -> dict:
+        return {
+            "tracer_provider": self.tracer_provider,
+            "meter_provider": self.meter_provider,
+            "logger_provider": self.logger_provider,
+        }
+
+    def points(self, name: str) -> list:
+        data = self.metric_reader.get_metrics_data()
+        found = []
+        for resource_metrics in data.resource_metrics if data else ():
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    if metric.name == name:
+                        found.extend(metric.data.data_points)
+        return found
+
+    def counts(self, name: str, attribute: str) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for point in self.points(name):
+            key = point.attributes.get(attribute)
+            totals[key] = totals.get(key, 0) + int(point.value)
+        return totals
+
+    def gap_kinds(self) -> dict[str, int]:
+        return self.counts("mcp.client.resumption.gaps", "mcp.resumption.gap.kind")
+
+    def outcomes(self) -> dict[str, int]:
+        return self.counts("mcp.client.resumption.attempts", "mcp.resumption.outcome")
+
+    def gap_logs(self) -> list:
+        return [
+            record
+            for record in self.logs.get_finished_logs()
+            if getattr(record.log_record, "event_name", None) == "resumption.gap"
+        ]
+
+    def resume_spans(self) -> list:
+        return [span for span in self.spans.get_finished_spans() if span.name == "mcp.resume"]
+
+
+@pytest.fixture
+def telemetry():
+    return Telemetry()
+
+
+@pytest.fixture(scope="session")
+def server():
+    from scripted_server import ScriptedServer
+
+    running = ScriptedServer()
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def instrumented(telemetry):
+    from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
+
+    instrumentor = McpResumptionInstrumentor()
+    instrumentor.instrument(**telemetry.providers(), confirm_timeout=2)
+    yield instrumentor
+    instrumentor.uninstrument()

@@ -1,0 +1,76 @@
+"""The plugin on a raw httpx-sse consumer against a real loopback server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import httpx_sse
+
+from scripted_server import sse
+
+
+def notification(n: int) -> str:
+    return json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"n": n}})
+
+
+def legacy_stream(request, body):
+    events = [sse(event="endpoint", data="/messages/?session_id=legacy-abc")]
+    events += [sse(str(n), notification(n)) for n in range(4817, 4822)]
+    return 200, {}, events
+
+
+def fresh_session(request, body):
+    return 200, {"mcp-session-id": "fresh-1"}, [sse(str(n), notification(n)) for n in (1, 2)]
+
+
+def test_seed_000_migration_reset_async(server, instrumented, telemetry):
+    server.on("GET", "/sse", legacy_stream)
+    server.on("GET", "/mcp", fresh_session)
+
+    async def client() -> list[str]:
+        seen = []
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            async with httpx_sse.aconnect_sse(http, "GET", "/sse") as source:
+                async for event in source.aiter_sse():
+                    seen.append(event.id)
+            headers = {"Last-Event-ID": "4821"}
+            async with httpx_sse.aconnect_sse(http, "GET", "/mcp", headers=headers) as source:
+                async for event in source.aiter_sse():
+                    seen.append(event.id)
+        return seen
+
+    seen = asyncio.run(client())
+    assert seen[-2:] == ["1", "2"], "the host's events arrive unchanged"
+    assert telemetry.gap_kinds() == {"session_changed": 1, "id_regression": 1}
+    assert telemetry.outcomes() == {"gap": 1}
+    [span] = telemetry.resume_spans()
+    assert span.attributes["mcp.resumption.outcome"] == "gap"
+    assert span.attributes["mcp.resumption.previous_transport"] == "sse"
+    assert {event.name for event in span.events} == {"resumption.gap"}
+    assert len(telemetry.gap_logs()) == 2
+
+
+def test_faithful_resume_sync(server, instrumented, telemetry):
+    def first(request, body):
+        return 200, {"mcp-session-id": "s-1"}, [sse(f"e-{n}", notification(n)) for n in (1, 2, 3)]
+
+    def resumed(request, body):
+        assert request.headers["last-event-id"] == "e-3"
+        return 200, {"mcp-session-id": "s-1"}, [sse(f"e-{n}", notification(n)) for n in (4, 5)]
+
+    server.on("GET", "/faithful", first)
+    server.on("GET", "/faithful-resume", resumed)
+    with httpx.Client(base_url=server.url) as http:
+        with httpx_sse.connect_sse(
+            http, "GET", "/faithful", headers={"mcp-session-id": "s-1"}
+        ) as source:
+            for _ in source.iter_sse():
+                pass
+        headers = {"mcp-session-id": "s-1", "last-event-id": "e-3"}
+        with httpx_sse.connect_sse(http, "GET", "/faithful-resume", headers=headers) as source:
+            ids = [event.id for event in source.iter_sse()]
+    assert ids == ["e-4", "e-5"]
+    assert telemetry.gap_kinds() == {}
+    assert telemetry.outcomes() == {"resumed": 1}
