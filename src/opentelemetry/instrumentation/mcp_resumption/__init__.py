@@ -40,6 +40,7 @@ from .continuity import (
 from .package import _instruments
 from .patches import active
 from .patches import http as http_patches
+from .patches import mcp_sdk as mcp_sdk_patches
 from .patches import sse as sse_patches
 from .processor import ContinuityProcessor
 from .version import __version__
@@ -112,6 +113,8 @@ class McpResumptionInstrumentor(BaseInstrumentor):
         sse_modules = tuple(name for name in ("httpx_sse", "httpx2") if _installed(name))
         self._patched += http_patches.instrument(http_modules)
         self._patched += sse_patches.instrument(sse_modules)
+        if _installed("mcp"):
+            self._patched += mcp_sdk_patches.instrument()
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._remove()

@@ -9,6 +9,7 @@ of enforce mode.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -29,11 +30,20 @@ class _Active:
 
 active = _Active()
 
+# Gap errors raised in enforce mode, collected per task by the MCP SDK patch so
+# that the SDK's reconnect loop can fail the pending request instead of retrying.
+enforced_errors: contextvars.ContextVar[list[ResumptionGapError] | None] = contextvars.ContextVar(
+    "mcp_resumption_enforced_errors", default=None
+)
+
 
 def guarded(site: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
     try:
         return function(*args, **kwargs)
-    except ResumptionGapError:
+    except ResumptionGapError as error:
+        raised = enforced_errors.get()
+        if raised is not None:
+            raised.append(error)
         raise
     except Exception:  # the host's call must go on whatever we got wrong
         if site not in _reported:

@@ -1,0 +1,105 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""MCP SDK 1.x and 2.x: ``StreamableHTTPTransport`` reconnection.
+
+The SDK reconnects a broken POST stream with ``Last-Event-ID`` on its own
+(``_handle_reconnection``), and resumes explicit resumption tokens
+(``_handle_resumption_request``); the HTTP and SSE patches already see every
+such reconnect as a resume attempt.  What they cannot do alone is enforce
+mode: the SDK catches any exception from its event loop and reconnects again,
+and 1.x then leaves the caller of the pending request waiting for ever.  So
+once a gap error was raised on a request's stream, the next reconnect of that
+request is not attempted: the request is answered with a JSON-RPC error that
+carries the gap, and the caller's pending call fails with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from opentelemetry.instrumentation.utils import unwrap
+from wrapt import wrap_function_wrapper
+
+from ..continuity import ResumeCursorRaceError, ResumptionGapError
+from . import enforced_errors, guarded
+
+MODULE = "mcp.client.streamable_http"
+TARGETS = ("_handle_reconnection", "_handle_resumption_request")
+GAP_ERROR_CODE = -32001  # implementation-defined server-error range of JSON-RPC
+
+
+def _error_message(ctx: Any, error: ResumptionGapError) -> Any:
+    from mcp.shared.message import SessionMessage
+
+    kind = (
+        "ResumeCursorRaceError"
+        if isinstance(error, ResumeCursorRaceError)
+        else ("ResumptionGapError")
+    )
+    request = ctx.session_message.message
+    request = getattr(request, "root", request)  # 1.x wraps messages in a RootModel
+    try:  # 2.x
+        from mcp_types import ErrorData, JSONRPCError
+
+        return SessionMessage(
+            JSONRPCError(
+                jsonrpc="2.0",
+                id=request.id,
+                error=ErrorData(code=GAP_ERROR_CODE, message=f"{kind}: {error}"),
+            )
+        )
+    except ImportError:  # 1.x
+        from mcp.types import ErrorData, JSONRPCError, JSONRPCMessage
+
+        return SessionMessage(
+            JSONRPCMessage(
+                JSONRPCError(
+                    jsonrpc="2.0",
+                    id=request.id,
+                    error=ErrorData(code=GAP_ERROR_CODE, message=f"{kind}: {error}"),
+                )
+            )
+        )
+
+
+async def _fail_request(ctx: Any, error: ResumptionGapError) -> None:
+    message = guarded("failing the pending request", _error_message, ctx, error)
+    if message is not None:
+        await ctx.read_stream_writer.send(message)
+
+
+async def _reconnect(wrapped, instance, args, kwargs):
+    raised = enforced_errors.get()
+    if raised:
+        # A gap was enforced on this request's stream: do not resume it again.
+        ctx = args[0] if args else kwargs.get("ctx")
+        await _fail_request(ctx, raised[0])
+        return None
+    if raised is not None:
+        return await wrapped(*args, **kwargs)
+    token = enforced_errors.set([])
+    try:
+        return await wrapped(*args, **kwargs)
+    except ResumptionGapError as error:  # 2.x lets it out of an explicit resumption
+        ctx = args[0] if args else kwargs.get("ctx")
+        await _fail_request(ctx, error)
+        return None
+    finally:
+        enforced_errors.reset(token)
+
+
+def instrument() -> list[tuple[Any, str]]:
+    module = importlib.import_module(MODULE)
+    owner = getattr(module, "StreamableHTTPTransport", None)
+    patched = []
+    for name in TARGETS:
+        if owner is not None and hasattr(owner, name):
+            wrap_function_wrapper(MODULE, f"StreamableHTTPTransport.{name}", _reconnect)
+            patched.append((owner, name))
+    return patched
+
+
+def uninstrument(patched: list[tuple[Any, str]]) -> None:
+    for owner, name in patched:
+        unwrap(owner, name)

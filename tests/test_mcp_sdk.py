@@ -1,0 +1,169 @@
+"""MCP SDK clients of the installed major (1.x on httpx + httpx-sse, 2.x on
+httpx2) against the same SDK's streamable-HTTP server: the SDK's own
+automatic reconnection is a resume attempt, checked like any other."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import itertools
+import socket
+import sys
+import threading
+import time
+
+import anyio
+import pytest
+import uvicorn
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
+
+from mcp import ClientSession
+from mcp.server.streamable_http import EventStore
+
+MCP_MAJOR = int(importlib.metadata.version("mcp").split(".")[0])
+
+if MCP_MAJOR == 1:
+    from mcp.client.streamable_http import streamablehttp_client as connect
+    from mcp.server.fastmcp import Context, FastMCP
+else:
+    from mcp.client.streamable_http import streamable_http_client as connect
+    from mcp.server.mcpserver import Context, MCPServer
+
+
+class IntegerEventStore(EventStore):
+    """Integer ids from one counter; replays strictly after the cursor (the
+    SDK's contract), or, with ``reset_on_replay``, restarts its counter the
+    way an instance that lost its state would."""
+
+    def __init__(self, reset_on_replay: bool = False) -> None:
+        self.events: list[tuple[str, str, object]] = []
+        self.counter = itertools.count(100)
+        self.reset_on_replay = reset_on_replay
+
+    async def store_event(self, stream_id, message):
+        event_id = str(next(self.counter))
+        self.events.append((event_id, stream_id, message))
+        return event_id
+
+    async def replay_events_after(self, last_event_id, send_callback):
+        if self.reset_on_replay:
+            self.counter = itertools.count(1)
+        ids = [event_id for event_id, _, _ in self.events]
+        if last_event_id not in ids:
+            return None
+        index = ids.index(last_event_id)
+        stream_id = self.events[index][1]
+        from mcp.server.streamable_http import EventMessage
+
+        for event_id, stream, message in self.events[index + 1 :]:
+            if stream == stream_id and message is not None:
+                if self.reset_on_replay:
+                    event_id = str(next(self.counter))
+                await send_callback(EventMessage(message, event_id))
+        return stream_id
+
+
+def build_app(store: EventStore):
+    if MCP_MAJOR == 1:
+        server = FastMCP("resume-test", event_store=store, retry_interval=50)
+    else:
+        server = MCPServer("resume-test")
+
+    @server.tool()
+    async def slow(ctx: Context) -> str:
+        await ctx.info("working")
+        await ctx.close_sse_stream()  # the client must reconnect with Last-Event-ID
+        await anyio.sleep(0.05)
+        return "done"
+
+    if MCP_MAJOR == 1:
+        return server.streamable_http_app()
+    return server.streamable_http_app(event_store=store, retry_interval=50)
+
+
+class Running:
+    def __init__(self, app) -> None:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+async def call_slow(url: str):
+    async with connect(url) as streams:
+        read, write = streams[0], streams[1]
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            with anyio.fail_after(10):
+                return await session.call_tool("slow", {})
+
+
+def is_error(result) -> bool:
+    return bool(getattr(result, "is_error", None) or getattr(result, "isError", False))
+
+
+def run_slow_call(telemetry, store, **settings):
+    from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
+
+    running = Running(build_app(store))
+    instrumentor = McpResumptionInstrumentor()
+    instrumentor.instrument(**telemetry.providers(), **settings)
+    try:
+        return asyncio.run(call_slow(running.url))
+    finally:
+        instrumentor.uninstrument()
+        running.close()
+
+
+def test_sdk_reconnection_with_faithful_replay_is_resumed(telemetry):
+    result = run_slow_call(telemetry, IntegerEventStore())
+    assert not is_error(result)
+    assert result.content[0].text == "done"
+    assert telemetry.gap_kinds() == {}
+    outcomes = telemetry.outcomes()
+    assert set(outcomes) <= {"resumed", "caught_up"} and sum(outcomes.values()) >= 1
+    [span, *_] = telemetry.resume_spans()
+    assert span.attributes["mcp.transport"] == "streamable-http"
+
+
+def test_sdk_reconnection_to_a_reset_counter_is_a_gap(telemetry):
+    # What the SDK makes of the reset is its business; ours is to report it.
+    with contextlib.suppress(Exception):
+        run_slow_call(telemetry, IntegerEventStore(reset_on_replay=True))
+    assert telemetry.gap_kinds().get("id_regression", 0) >= 1
+    assert "gap" in telemetry.outcomes()
+
+
+def leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaves(inner)]
+    return [error]
+
+
+def test_sdk_enforce_mode_fails_the_pending_call(telemetry):
+    started = time.monotonic()
+    with pytest.raises(BaseException) as raised:
+        result = run_slow_call(
+            telemetry, IntegerEventStore(reset_on_replay=True), mode="enforce", confirm_timeout=2
+        )
+        raise AssertionError(f"the call returned {result!r}")
+    assert time.monotonic() - started < 5, "the caller is not left waiting"
+    [error] = leaves(raised.value)
+    assert type(error).__name__ in ("McpError", "MCPError")
+    assert "ResumptionGapError: " in str(error)
+    assert "event id regression" in str(error)
+    assert telemetry.gap_kinds().get("id_regression") == 1
