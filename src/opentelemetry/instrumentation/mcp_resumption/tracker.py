@@ -118,9 +118,10 @@ class Tracker:
         self._keys = itertools.count(1)
         self._streams: OrderedDict[int, Stream] = OrderedDict()
         self._sessions: OrderedDict[tuple[str, str | None], Session] = OrderedDict()
-        # (server, event id) -> the stream that last received or consumed it:
-        # the cursor a client may present on reconnect.
-        self._cursors: dict[tuple[str, str], Stream] = {}
+        # (server, event id) -> the streams whose last received or consumed
+        # event it is, most recent last: the cursors a client may present on
+        # reconnect.  Several when sessions count their ids separately.
+        self._cursors: dict[tuple[str, str], dict[int, Stream]] = {}
 
     # ------------------------------------------------------------ queries
 
@@ -162,7 +163,7 @@ class Tracker:
         resume; ``carries`` are request keys whose responses it will carry."""
         cursor_id = parse_event_id(last_event_id)
         with self._lock:
-            previous = self._cursors.get((server, cursor_id.raw)) if cursor_id else None
+            previous = self._cursor_owner(server, cursor_id, session_id)
             if previous is not None and previous.session.session_id is not None:
                 session = previous.session
             else:
@@ -307,16 +308,34 @@ class Tracker:
         stream.unconsumed_responses = ()
         self._move_cursor(stream, "last_consumed", received)
 
+    def _cursor_owner(
+        self, server: str, cursor_id: EventId | None, session_id: str | None
+    ) -> Stream | None:
+        owners = self._cursors.get((server, cursor_id.raw)) if cursor_id else None
+        if not owners:
+            return None
+        if session_id is not None:
+            for stream in reversed(owners.values()):
+                if stream.session.session_id == session_id:
+                    return stream
+        return next(reversed(owners.values()))
+
     def _move_cursor(self, stream: Stream, slot: str, event_id: EventId) -> None:
         old: EventId | None = getattr(stream, slot)
         setattr(stream, slot, event_id)
         if old is not None and old.raw != event_id.raw:
             other = stream.last_consumed if slot == "last_received" else stream.last_received
             if other is None or other.raw != old.raw:
-                key = (stream.server, old.raw)
-                if self._cursors.get(key) is stream:
-                    del self._cursors[key]
-        self._cursors[(stream.server, event_id.raw)] = stream
+                self._forget_cursor(stream, old)
+        owners = self._cursors.setdefault((stream.server, event_id.raw), {})
+        owners.pop(stream.key, None)
+        owners[stream.key] = stream
+
+    def _forget_cursor(self, stream: Stream, event_id: EventId) -> None:
+        key = (stream.server, event_id.raw)
+        owners = self._cursors.get(key)
+        if owners is not None and owners.pop(stream.key, None) is not None and not owners:
+            del self._cursors[key]
 
     def _session(self, server: str, session_id: str | None) -> Session:
         key = (server, session_id)
@@ -335,9 +354,8 @@ class Tracker:
             _, dropped = self._streams.popitem(last=False)
             self.evicted_streams += 1
             for event_id in (dropped.last_received, dropped.last_consumed):
-                key = (dropped.server, event_id.raw) if event_id is not None else None
-                if key is not None and self._cursors.get(key) is dropped:
-                    del self._cursors[key]
+                if event_id is not None:
+                    self._forget_cursor(dropped, event_id)
 
     def _touch(self, stream: Stream) -> None:
         if stream.key in self._streams:

@@ -1,0 +1,556 @@
+"""One test per continuity rule, driven through the Tracker as the
+instrumentation drives it, on the seeds' own numbers; the controls that must
+report no gap; bounded memory and thread safety.
+
+The ``scenario_*`` functions are plain functions returning a :class:`Run`
+(the kinds found and the outcome); test_rules_are_load_bearing imports them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+
+from opentelemetry.instrumentation.mcp_resumption.continuity import (
+    Gap,
+    Outcome,
+    ReplayContract,
+    Verdict,
+)
+from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
+from opentelemetry.instrumentation.mcp_resumption.tracker import Step, Tracker
+
+SERVER = "https://mcp.example.com/mcp"
+EXCLUSIVE = ReplayContract.EXCLUSIVE
+INCLUSIVE = ReplayContract.INCLUSIVE
+MARKER = ""  # a priming event or heartbeat: an id and no data
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def notification(n: int, text: str = "progress") -> str:
+    return json.dumps(
+        {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"n": n, "t": text}}
+    )
+
+
+def result(request_id: int | str, n: int) -> str:
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": request_id, "result": {"content": [{"type": "text", "n": n}]}}
+    )
+
+
+def tools_call(request_id: int | str, name: str = "search_index") -> str:
+    return json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {"name": name, "arguments": {}},
+        }
+    )
+
+
+@dataclass
+class Run:
+    """Every step of one resume attempt."""
+
+    steps: list[Step] = field(default_factory=list)
+
+    def add(self, step: Step) -> Step:
+        self.steps.append(step)
+        return step
+
+    @property
+    def gaps(self) -> list[Gap]:
+        found = [gap for step in self.steps for gap in step.gaps]
+        if self.verdict is not None:
+            found.extend(g for g in self.verdict.gaps if g not in found)
+        return found
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        return frozenset(gap.kind.value for gap in self.gaps)
+
+    @property
+    def verdicts(self) -> list[Verdict]:
+        return [step.verdict for step in self.steps if step.verdict is not None]
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.verdicts[0] if self.verdicts else None
+
+    @property
+    def outcome(self) -> str | None:
+        return self.verdict.outcome.value if self.verdict else None
+
+
+def break_stream(
+    t: Tracker,
+    ids: list[str],
+    *,
+    session: str = "s-1",
+    legacy: bool = False,
+    data: dict[str, str] | None = None,
+    posted: list[str] = (),
+    consume_last: bool = True,
+    server: str = SERVER,
+):
+    """A stream that delivers ``ids`` and breaks.  The app consumes each event
+    before asking for the next; the last one only if ``consume_last``."""
+    data = data or {}
+    if legacy:
+        stream = t.open_stream(server, "sse")
+        t.bind_session(stream, session)  # the legacy `endpoint` event
+    else:
+        stream = t.open_stream(server, "streamable-http", session_id=session)
+    for body in posted:
+        t.request_sent(server, session, requests_in(body))
+    for n, event_id in enumerate(ids):
+        t.event_consumed(stream)
+        t.event_received(stream, event_id, data.get(event_id, notification(n)))
+    if consume_last:
+        t.event_consumed(stream)
+    t.stream_ended(stream, "idle proxy timeout")
+    return stream
+
+
+def resume(
+    t: Tracker,
+    cursor: str,
+    replay: list[tuple[str, str]],
+    *,
+    session: str | None = "s-1",
+    answered_session: str | None = "s-1",
+    status: int = 200,
+    end: str | None = "eof",
+    timeout: float | None = None,
+    closed_by_client: bool = False,
+    server: str = SERVER,
+) -> Run:
+    """Reconnect with ``Last-Event-ID: cursor``; the server answers
+    ``status`` under ``answered_session`` and sends ``replay``."""
+    run = Run()
+    stream = t.open_stream(server, "streamable-http", session_id=session, last_event_id=cursor)
+    run.add(t.response(stream, status, answered_session))
+    if status < 400:
+        for event_id, data in replay:
+            t.event_consumed(stream)
+            run.add(t.event_received(stream, event_id, data))
+        if timeout is not None:
+            run.add(t.timeout(stream, timeout))
+    if end is not None:
+        t.event_consumed(stream)
+        run.add(t.stream_ended(stream, end, closed_by_client=closed_by_client))
+    return run
+
+
+def seed_000_ids() -> list[str]:
+    return [str(n) for n in range(4817, 4822)]
+
+
+def seed_004_stream(t: Tracker, *, consume_last: bool = False) -> None:
+    """Seed 004: e-100..e-104 on a legacy stream in session s-77, e-104 the
+    result of the tools/call POSTed first; severed before e-104 was drained."""
+    ids = [f"e-{n}" for n in range(100, 105)]
+    break_stream(
+        t,
+        ids,
+        session="s-77",
+        legacy=True,
+        posted=[tools_call(42)],
+        data={"e-104": result(42, 104)},
+        consume_last=consume_last,
+    )
+
+
+# ---------------------------------------------------- the seed scenarios
+
+
+def scenario_session_reestablished(header_session: str | None = "sess-legacy-1") -> Run:
+    """Seed 000: reconnect with Last-Event-ID 4821 to a streamable-HTTP
+    instance that opens a fresh session and counts from 1."""
+    t = Tracker()
+    break_stream(t, seed_000_ids(), session="sess-legacy-1", legacy=True)
+    replay = [(str(n), notification(n, "fresh")) for n in range(1, 4)]
+    return resume(
+        t, "4821", replay, session=header_session, answered_session="mcp-9f2c-fresh"
+    )
+
+
+def scenario_ids_reused() -> Run:
+    """Seed 000: the server honoured Last-Event-ID across the migration, but
+    its new per-session counter hands out an id already seen."""
+    t = Tracker()
+    break_stream(t, seed_000_ids(), session="sess-legacy-1", legacy=True)
+    replay = [("4821", notification(1, "new per-session counter")), ("4822", notification(2))]
+    return resume(t, "4821", replay, session="sess-legacy-1", answered_session="sess-legacy-1")
+
+
+def scenario_drain_race(contract: ReplayContract = EXCLUSIVE) -> Run:
+    """Seed 004: Last-Event-ID e-104 names the unconsumed tools/call result;
+    the server replays strictly after it."""
+    t = Tracker(contract=contract)
+    seed_004_stream(t)
+    replay = [("e-105", notification(105)), ("e-106", notification(106))]
+    return resume(t, "e-104", replay, session="s-77", answered_session="s-77")
+
+
+def scenario_empty_replay() -> Run:
+    t = Tracker()
+    break_stream(t, seed_000_ids())
+    return resume(t, "4821", [])
+
+
+def scenario_confirmation_timeout() -> Run:
+    t = Tracker()
+    break_stream(t, seed_000_ids())
+    return resume(t, "4821", [], timeout=5.0, end=None)
+
+
+def scenario_rejected(pending: bool = False) -> Run:
+    t = Tracker()
+    posted = [tools_call(7)] if pending else []
+    break_stream(t, seed_000_ids(), posted=posted)
+    return resume(t, "4821", [], status=404, answered_session=None)
+
+
+def scenario_foreign_response() -> Run:
+    t = Tracker()
+    break_stream(t, seed_000_ids(), posted=[tools_call(7)], data={"4821": result(7, 1)})
+    replay = [("4822", notification(2)), ("4823", result(9001, 3))]
+    return resume(t, "4821", replay)
+
+
+def scenario_exclusive_server_declared_inclusive() -> Run:
+    t = Tracker(contract=INCLUSIVE)
+    break_stream(t, seed_000_ids())
+    return resume(t, "4821", [("4822", notification(5)), ("4823", notification(6))])
+
+
+def scenario_inclusive_server_declared_exclusive() -> Run:
+    t = Tracker(contract=EXCLUSIVE)
+    break_stream(t, seed_000_ids())
+    # break_stream numbered the events 0..4: 4821 carried notification(4)
+    return resume(t, "4821", [("4821", notification(4)), ("4822", notification(5))])
+
+
+SCENARIOS = {
+    "session_reestablished": scenario_session_reestablished,
+    "ids_reused": scenario_ids_reused,
+    "drain_race": scenario_drain_race,
+    "empty_replay": scenario_empty_replay,
+    "confirmation_timeout": scenario_confirmation_timeout,
+    "rejected_with_pending": lambda: scenario_rejected(pending=True),
+    "foreign_response": scenario_foreign_response,
+    "exclusive_server_declared_inclusive": scenario_exclusive_server_declared_inclusive,
+    "inclusive_server_declared_exclusive": scenario_inclusive_server_declared_exclusive,
+}
+
+
+# ------------------------------------------------------------ rule tests
+
+
+@pytest.mark.parametrize("header_session", ["sess-legacy-1", None])
+def test_seed_000_fresh_session_is_session_changed_and_id_regression(header_session):
+    run = scenario_session_reestablished(header_session)
+    assert run.kinds == {"session_changed", "id_regression"}
+    assert run.outcome == "gap"
+    assert len(run.verdicts) == 1
+    regression = next(g for g in run.gaps if g.kind.value == "id_regression")
+    assert regression.observed == "1" and "4821" in regression.expected
+
+
+def test_seed_000_duplicate_ids_after_migration_are_id_reused():
+    run = scenario_ids_reused()
+    assert run.kinds == {"id_reused"}
+    assert run.outcome == "gap"
+
+
+def test_id_reused_later_in_the_replay():
+    t = Tracker()
+    break_stream(t, seed_000_ids())
+    replay = [("4822", notification(9)), ("4818", notification(10, "different data"))]
+    run = resume(t, "4821", replay)
+    assert run.outcome == "resumed"  # decided at the first event
+    assert run.kinds == {"id_reused"}
+
+
+def test_seed_004_drain_race_loses_the_tools_call_result():
+    run = scenario_drain_race()
+    assert run.kinds == {"drain_race", "orphaned_request"}
+    assert run.outcome == "gap"
+    orphan = next(g for g in run.gaps if g.kind.value == "orphaned_request")
+    assert orphan.request_id == "42"
+    assert "tools/call" in orphan.expected
+
+
+def test_seed_004_inclusive_replay_redelivers_the_result():
+    t = Tracker(contract=INCLUSIVE)
+    seed_004_stream(t)
+    replay = [("e-104", result(42, 104)), ("e-105", notification(105))]
+    run = resume(t, "e-104", replay, session="s-77", answered_session="s-77")
+    assert run.kinds == set()
+    assert run.outcome == "resumed"
+
+
+def test_seed_004_cursor_on_the_last_consumed_event_is_safe():
+    t = Tracker()
+    seed_004_stream(t)
+    replay = [("e-104", result(42, 104)), ("e-105", notification(105))]
+    run = resume(t, "e-103", replay, session="s-77", answered_session="s-77")
+    assert run.kinds == set()
+    assert run.outcome == "resumed"
+
+
+def test_seed_004_drained_before_the_break_is_safe():
+    t = Tracker()
+    seed_004_stream(t, consume_last=True)
+    run = resume(t, "e-104", [("e-105", notification(105))], session="s-77",
+                 answered_session="s-77")
+    assert run.kinds == set()
+    assert run.outcome == "resumed"
+
+
+def test_empty_replay_that_ends_is_replay_unconfirmed():
+    run = scenario_empty_replay()
+    assert run.kinds == {"replay_unconfirmed"}
+    assert run.outcome == "gap"
+
+
+def test_confirmation_timeout_with_nothing_is_replay_unconfirmed():
+    run = scenario_confirmation_timeout()
+    assert run.kinds == {"replay_unconfirmed"}
+    assert run.outcome == "gap"
+
+
+def test_rejected_without_pending_request_is_no_gap():
+    run = scenario_rejected(pending=False)
+    assert run.kinds == set()
+    assert run.outcome == "rejected"
+
+
+def test_rejected_with_pending_request_orphans_it():
+    run = scenario_rejected(pending=True)
+    assert run.kinds == {"orphaned_request"}
+    assert run.outcome == "gap"
+    assert [g.request_id for g in run.gaps] == ["7"]
+
+
+def test_response_to_a_request_never_sent_is_foreign_replay():
+    run = scenario_foreign_response()
+    assert run.kinds == {"foreign_replay"}
+    assert next(iter(run.gaps)).request_id == "9001"
+
+
+def test_exclusive_server_under_declared_inclusive_contract():
+    run = scenario_exclusive_server_declared_inclusive()
+    assert run.kinds == {"replay_contract_violation"}
+    assert run.outcome == "gap"
+
+
+def test_inclusive_server_under_declared_exclusive_contract():
+    run = scenario_inclusive_server_declared_exclusive()
+    assert run.kinds == {"replay_contract_violation"}
+    assert run.outcome == "gap"
+
+
+def test_pending_request_answered_by_the_replay_is_no_gap():
+    t = Tracker()
+    break_stream(t, seed_000_ids(), posted=[tools_call(7)])
+    run = resume(t, "4821", [("4822", notification(5)), ("4823", result(7, 6))])
+    assert run.kinds == set()
+    assert run.outcome == "resumed"
+
+
+def test_pending_request_the_replay_never_answers_is_orphaned():
+    t = Tracker()
+    break_stream(t, seed_000_ids(), posted=[tools_call(7)])
+    run = resume(t, "4821", [("4822", notification(5))])
+    assert run.outcome == "resumed"  # decided at the first event, before the end
+    assert run.kinds == {"orphaned_request"}
+
+
+# -------------------------------------------------------------- controls
+
+
+def test_faithful_replay_is_resumed():
+    t = Tracker()
+    break_stream(t, seed_000_ids())
+    run = resume(t, "4821", [("4822", notification(5)), ("4823", notification(6))])
+    assert run.kinds == set()
+    assert run.outcome == "resumed"
+    assert run.verdict.first_event_id == "4822"
+
+
+def test_faithful_inclusive_replay_under_inclusive_contract_is_resumed():
+    t = Tracker(contract=INCLUSIVE)
+    break_stream(t, seed_000_ids())
+    run = resume(t, "4821", [("4821", notification(4)), ("4822", notification(5))])
+    assert run.kinds == set()
+    assert run.outcome == "resumed"
+
+
+def test_priming_marker_is_caught_up():
+    t = Tracker()
+    break_stream(t, seed_000_ids())
+    run = resume(t, "4821", [("4822", MARKER)])
+    assert run.kinds == set()
+    assert run.outcome == "caught_up"
+
+
+def test_client_closing_on_a_changed_session_is_reinitialized():
+    t = Tracker()
+    break_stream(t, seed_000_ids(), session="sess-legacy-1", legacy=True)
+    run = resume(
+        t,
+        "4821",
+        [],
+        session="sess-legacy-1",
+        answered_session="mcp-9f2c-fresh",
+        end="client saw a new session id",
+        closed_by_client=True,
+    )
+    assert run.kinds == set()
+    assert run.outcome == "reinitialized"
+
+
+def test_uuid_ids_faithful_replay_is_unverifiable_without_gap():
+    ids = [str(uuid.UUID(int=n, version=4)) for n in range(1, 8)]
+    t = Tracker()
+    break_stream(t, ids[:5])
+    run = resume(t, ids[4], [(ids[5], notification(5)), (ids[6], notification(6))])
+    assert run.kinds == set()
+    assert run.outcome == "unverifiable"
+
+
+@pytest.mark.parametrize(
+    "replay",
+    [[("e-6", notification(6)), ("e-7", notification(7))], [("e-6", MARKER)]],
+    ids=["events", "marker"],
+)
+def test_evicted_cursor_is_unverifiable_never_a_gap(replay):
+    t = Tracker(max_streams=4)
+    break_stream(t, [f"e-{n}" for n in range(1, 6)], posted=[tools_call(3)],
+                 data={"e-5": result(3, 5)})
+    for n in range(10):
+        break_stream(t, [f"c{n}:e-{m}" for m in range(3)], session=f"churn-{n}")
+    assert t.evicted_streams >= 7
+    run = resume(t, "e-5", replay)
+    assert run.kinds == set()
+    assert run.outcome == "unverifiable"
+
+
+def test_a_second_break_resumes_again():
+    t = Tracker()
+    break_stream(t, seed_000_ids(), posted=[tools_call(7)])
+    first = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="4821")
+    assert t.response(first, 200, "s-1").verdict is None
+    t.event_consumed(first)
+    t.event_received(first, "4822", notification(5))
+    t.event_consumed(first)
+    t.stream_ended(first, "reset again")
+    run = resume(t, "4822", [("4823", result(7, 6))])
+    assert run.kinds == set()
+    assert run.outcome == "resumed"
+
+
+def test_per_session_counters_on_one_server_do_not_cross():
+    """Two sessions on one server, each with its own counter 1, 2, 3...
+    (seed 000's "new per-session counter").  Session A resumes faithfully
+    with Last-Event-ID 5; session B happens to have seen an event 5 too."""
+    t = Tracker()
+    a = t.open_stream(SERVER, "streamable-http", session_id="s-A")
+    b = t.open_stream(SERVER, "streamable-http", session_id="s-B")
+    for n in range(1, 6):
+        for stream, name in ((a, "a"), (b, "b")):
+            t.event_consumed(stream)
+            t.event_received(stream, str(n), notification(n, name))
+    t.event_consumed(a)
+    t.event_consumed(b)
+    t.stream_ended(a, "reset")
+    run = resume(t, "5", [("6", notification(6, "a"))], session="s-A", answered_session="s-A")
+    assert run.kinds == set()
+    assert run.outcome == "resumed"
+
+
+# --------------------------------------------------- bounded, thread-safe
+
+
+def test_memory_is_bounded_under_churn():
+    t = Tracker(max_streams=1000)
+    opened = 0
+    for n in range(100_000):
+        session = f"s-{n}"
+        stream = t.open_stream(SERVER, "streamable-http", session_id=session)
+        opened += 1
+        t.request_sent(SERVER, session, requests_in(tools_call(n)))
+        t.event_received(stream, f"{session}:e-1", notification(n))
+        t.event_consumed(stream)
+        t.stream_ended(stream, "done")
+        if n % 100 == 0:
+            again = t.open_stream(
+                SERVER, "streamable-http", session_id=session, last_event_id=f"{session}:e-1"
+            )
+            opened += 1
+            t.response(again, 200, session)
+            step = t.event_received(again, f"{session}:e-2", result(n, 2))
+            assert step.verdict is not None and step.verdict.outcome is Outcome.RESUMED
+            t.stream_ended(again, "done")
+        assert len(t) <= 1000
+        assert t.session_count <= 1000
+    assert len(t) == 1000
+    assert t.evicted_streams == opened - len(t)
+    # The cursor index must not outlive the streams it points into.
+    assert len(t._cursors) <= 2 * t.max_streams
+
+
+@pytest.mark.parametrize("max_streams", [100_000, 64])
+def test_threads_share_one_tracker(max_streams):
+    t = Tracker(max_streams=max_streams)
+    threads, rounds = 8, 300
+    errors: list[BaseException] = []
+    outcomes: list[str] = []
+    kinds: list[frozenset[str]] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(threads)
+
+    def client(worker: int) -> None:
+        try:
+            barrier.wait()
+            for n in range(rounds):
+                session = f"w{worker}-s{n}"
+                ids = [f"{session}:e-{m}" for m in range(1, 4)]
+                break_stream(t, ids, session=session, posted=[tools_call(n)],
+                             data={ids[1]: result(n, 2)})
+                run = resume(t, ids[-1], [(f"{session}:e-4", notification(4))],
+                             session=session, answered_session=session)
+                with lock:
+                    outcomes.append(run.outcome)
+                    kinds.append(run.kinds)
+        except BaseException as error:
+            with lock:
+                errors.append(error)
+
+    workers = [threading.Thread(target=client, args=(w,)) for w in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert errors == []
+    assert len(outcomes) == threads * rounds
+    assert all(k == set() for k in kinds)
+    if max_streams >= 2 * threads * rounds:
+        assert set(outcomes) == {"resumed"}
+        assert t.evicted_streams == 0
+    else:
+        assert set(outcomes) <= {"resumed", "unverifiable"}
+        assert t.evicted_streams > 0
+    assert len(t) <= max_streams
+    assert t.session_count <= max_streams
+    assert t.evicted_streams == 2 * threads * rounds - len(t)
