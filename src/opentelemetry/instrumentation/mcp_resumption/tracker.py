@@ -68,6 +68,7 @@ class Stream:
     """One SSE response body; a resumed one continues its cursor's lineage."""
 
     __slots__ = (
+        "carries",
         "check",
         "ended",
         "key",
@@ -90,6 +91,7 @@ class Stream:
         self.last_consumed: EventId | None = None
         self.unconsumed_responses: tuple[str, ...] = ()
         self.check: ResumeCheck | None = None
+        self.carries: frozenset[str] = frozenset()
         self.ended = False
 
 
@@ -170,7 +172,8 @@ class Tracker:
                 session = self._session(server, session_id)
             stream = Stream(next(self._keys), server, transport, session)
             self._admit(stream)
-            for key in carries:
+            stream.carries = frozenset(carries)
+            for key in stream.carries:
                 if key in session.pending:
                     session.pending[key] = (session.pending[key][0], stream.lineage)
             if cursor_id is not None:
@@ -275,6 +278,11 @@ class Tracker:
             if stream.ended and stream.check is None:
                 return _NOTHING
             stream.ended = True
+            if closed_by_client and stream.carries.intersection(stream.unconsumed_responses):
+                # A POST stream closed right after the answer to its own
+                # request: the client took it (that is how the MCP SDKs finish
+                # a request), unlike a long-lived stream dropped mid-read.
+                self._consume_locked(stream)
             if stream.check is None:
                 return _NOTHING
             check = stream.check

@@ -17,7 +17,7 @@ def _table(rows: list[dict]) -> str:
     cells = [
         [
             row["scenario"],
-            row["happened"],
+            row["happened"][:60] + ("…" if len(row["happened"]) > 60 else ""),
             ",".join(row["expected"]) or "-",
             ",".join(row["detected"]) or "-",
             row["outcome"],
@@ -39,11 +39,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engine", help="play the seeds' scenarios straight into the continuity engine"
     )
     engine.add_argument("--json", action="store_true", help="print one JSON list")
-    demo = commands.add_parser("demo", help="run the scenarios and print what was detected")
+    demo = commands.add_parser(
+        "demo", help="run the seed scenarios on real MCP servers on 127.0.0.1, plugin enabled"
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON list")
+    demo.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    demo.add_argument(
+        "--scenario", action="append", default=[], metavar="NAME", help="run only NAME"
+    )
     args = parser.parse_args(argv)
 
-    rows = engine_table.run()
+    if args.command == "engine":
+        rows = engine_table.run()
+    else:
+        from . import runner, scenarios
+
+        if args.list:
+            for scenario in scenarios.all_scenarios():
+                print(f"{scenario.name}: {scenario.happened}")
+            return 0
+        known = {scenario.name for scenario in scenarios.all_scenarios()}
+        unknown = sorted(set(args.scenario) - known)
+        if unknown:
+            parser.error(f"unknown scenario {', '.join(unknown)}; see --list")
+        rows = runner.run(args.scenario)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

@@ -1,0 +1,281 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+
+"""The demo's wire story: every scenario reproduces its seed on real loopback sockets.
+
+Runs in either environment (mcp 1.x + httpx/httpx-sse, or mcp 2.x + httpx2);
+nothing here detects gaps, it only asserts what crossed the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+# The demo needs an MCP SDK and its server stack; an environment without them skips.
+for _module in ("mcp", "starlette", "uvicorn"):
+    pytest.importorskip(_module)
+
+from opentelemetry.instrumentation.mcp_resumption.demo.clients import (  # noqa: E402
+    MCP_MAJOR,
+    SDK_MAX_RECONNECTION_ATTEMPTS,
+    response_id,
+    sdk_legacy_session,
+)
+from opentelemetry.instrumentation.mcp_resumption.demo.loopback import LoopbackServer  # noqa: E402
+from opentelemetry.instrumentation.mcp_resumption.demo.router import SseScanner  # noqa: E402
+from opentelemetry.instrumentation.mcp_resumption.demo.scenarios import (  # noqa: E402
+    GAP_KINDS,
+    OUTCOMES,
+    ScenarioWire,
+    all_scenarios,
+    run_scenario,
+)
+from opentelemetry.instrumentation.mcp_resumption.demo.servers import (  # noqa: E402
+    EventIdAllocator,
+    FleetInstance,
+    search_hits,
+)
+
+_BUDGET_S = 30.0
+
+
+class _Run:
+    def __init__(self) -> None:
+        self.wires: dict[str, ScenarioWire] = {}
+        self.seconds = 0.0
+        self.threads_after: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def run() -> _Run:
+    """Every scenario, once, in one event loop (the whole set is the demo's budget)."""
+    result = _Run()
+
+    async def main() -> None:
+        for scenario in all_scenarios():
+            result.wires[scenario.name] = await asyncio.wait_for(
+                run_scenario(scenario.name), _BUDGET_S
+            )
+
+    started = time.monotonic()
+    asyncio.run(main())
+    result.seconds = time.monotonic() - started
+    result.threads_after = [t.name for t in threading.enumerate() if t.is_alive()]
+    return result
+
+
+def _n(event_id: str | None, prefix: str = "") -> int:
+    assert event_id is not None and event_id.startswith(prefix), event_id
+    return int(event_id.removeprefix(prefix))
+
+
+def test_scenarios_carry_design_names() -> None:
+    scenarios = all_scenarios()
+    assert [s.name for s in scenarios] == [
+        "migration_reset",
+        "shared_allocator_reuse",
+        "drain_race",
+        "empty_replay",
+        "stateless_migration",
+        "faithful_resume_int",
+        "faithful_resume_prefixed",
+        "faithful_resume_uuid",
+        "caught_up_priming",
+        "reinitialize",
+        "expired_session_404",
+    ]
+    for scenario in scenarios:
+        assert set(scenario.expected_gaps) <= set(GAP_KINDS), scenario.name
+        assert scenario.expected_outcome in OUTCOMES, scenario.name
+        assert (scenario.expected_outcome == "gap") == bool(scenario.expected_gaps)
+        assert scenario.happened
+
+
+def test_names_match_semconv() -> None:
+    semconv = pytest.importorskip("opentelemetry.instrumentation.mcp_resumption.semconv")
+    assert set(GAP_KINDS) == set(semconv.GAP_KINDS)
+    assert set(OUTCOMES) == set(semconv.OUTCOMES)
+
+
+def test_whole_set_is_fast_and_leaves_nothing_running(run: _Run) -> None:
+    assert run.seconds < _BUDGET_S
+    assert not [name for name in run.threads_after if name.startswith("loopback-")]
+    assert all(w.mcp_major == MCP_MAJOR for w in run.wires.values())
+
+
+def test_migration_reset(run: _Run) -> None:
+    wire = run.wires["migration_reset"]
+    assert wire.transport_before == "sse" and wire.severed
+    assert [e.id for e in wire.received_before] == ["4817", "4818", "4819", "4820", "4821"]
+    assert all(e.consumed for e in wire.received_before)
+    resume = wire.resume
+    assert resume.status == 200
+    assert resume.last_event_id_sent == "4821"
+    assert resume.session_id_sent == wire.session_id_before
+    assert resume.session_id_received not in (None, wire.session_id_before)
+    assert _n(resume.first_event_id) < 4821
+    assert resume.event_ids == ["1", "2", "3"]
+    assert all(e.consumed for e in resume.events)  # the hazard: applied as if continuous
+    assert [x.backend for x in wire.exchanges][-1] == "streamable-b"
+
+
+def test_shared_allocator_reuse(run: _Run) -> None:
+    wire = run.wires["shared_allocator_reuse"]
+    resume = wire.resume
+    assert resume.status == 200
+    assert resume.session_id_received == wire.session_id_before == resume.session_id_sent
+    assert resume.last_event_id_sent == "4821"
+    first = resume.events[0]
+    before = {e.id: e for e in wire.received_before}
+    assert first.id == "4821" and first.data != before["4821"].data
+    assert not first.consumed  # deduplication by id dropped a genuinely new event
+    assert all(e.consumed for e in resume.events[1:])
+
+
+def test_drain_race(run: _Run) -> None:
+    wire = run.wires["drain_race"]
+    assert wire.session_id_before == "s-77" and wire.severed
+    ids = [e.id for e in wire.received_before]
+    assert ids == ["e-100", "e-101", "e-102", "e-103", "e-104"]
+    result = wire.received_before[-1]
+    (request_id,) = wire.in_flight
+    assert response_id(result) == request_id and search_hits("quarterly revenue") in result.data
+    assert not result.consumed and all(e.consumed for e in wire.received_before[:-1])
+    resume = wire.resume
+    assert resume.status == 200
+    assert resume.session_id_sent == "s-77" == resume.session_id_received
+    assert resume.last_event_id_sent == "e-104"
+    assert resume.first_event_id == "e-105"
+    assert all(_n(i, "e-") > 104 for i in resume.event_ids)
+    assert not any(response_id(e) == request_id for e in resume.events)  # lost exactly once
+    cut = next(x for x in wire.exchanges if x.request.path == "/sse")
+    assert cut.severed and [e.id for e in cut.events] == ids
+
+
+def test_empty_replay(run: _Run) -> None:
+    wire = run.wires["empty_replay"]
+    assert len(wire.resumes) == 3
+    for attempt in wire.resumes:
+        assert attempt.status == 200
+        assert attempt.last_event_id_sent == "4821"
+        assert attempt.session_id_received == wire.session_id_before
+        assert attempt.events == []
+
+
+def test_stateless_migration(run: _Run) -> None:
+    wire = run.wires["stateless_migration"]
+    assert wire.transport_before == "streamable-http" and wire.severed
+    priming, progress = wire.received_before
+    assert priming.is_priming and priming.id is not None
+    assert "notifications/progress" in progress.data
+    cut = next(x for x in wire.exchanges if x.severed)
+    assert cut.request.jsonrpc_method == "tools/call"
+    assert cut.events[0].retry == 50  # the server's retry_interval, on the SDK's own terms
+    assert len(wire.resumes) == SDK_MAX_RECONNECTION_ATTEMPTS
+    for attempt in wire.resumes:
+        assert attempt.last_event_id_sent == progress.id
+        assert attempt.session_id_sent == wire.session_id_before
+        # No event store on the stateless instance: the SDK's transport returns
+        # from the replay without answering, which uvicorn turns into a 500.
+        assert attempt.status == 500
+        assert attempt.events == []
+    resumed_on = {x.backend for x in wire.exchanges if x.last_event_id_sent is not None}
+    assert resumed_on == {"sdk-stateless"}
+    assert wire.tool_result is None or not wire.tool_result.arrived
+
+
+@pytest.mark.parametrize(
+    "name", ["faithful_resume_int", "faithful_resume_prefixed", "faithful_resume_uuid"]
+)
+def test_faithful_resume(run: _Run, name: str) -> None:
+    wire = run.wires[name]
+    assert wire.severed
+    assert wire.tool_result is not None and wire.tool_result.text == "slow finished 3 steps"
+    (resume,) = wire.resumes
+    assert resume.status == 200
+    assert resume.session_id_sent == wire.session_id_before == resume.session_id_received
+    cursor = wire.received_before[-1].id
+    assert resume.last_event_id_sent == cursor
+    (request_id,) = wire.in_flight
+    assert response_id(resume.events[-1]) == request_id
+    assert all(e.consumed for e in resume.events)
+    before_ids = {e.id for e in wire.received_before}
+    assert not before_ids & set(resume.event_ids)  # strictly after the cursor
+    if name == "faithful_resume_int":
+        assert all(_n(i) > _n(cursor) for i in resume.event_ids)
+    elif name == "faithful_resume_prefixed":
+        assert cursor is not None
+        prefix = cursor.rpartition("_")[0] + "_"
+        assert all(_n(i, prefix) > _n(cursor, prefix) for i in resume.event_ids)
+
+
+def test_caught_up_priming(run: _Run) -> None:
+    wire = run.wires["caught_up_priming"]
+    assert not wire.severed
+    resume = wire.resume
+    assert resume.status == 200
+    assert resume.session_id_received == wire.session_id_before
+    assert resume.last_event_id_sent == wire.received_before[-1].id
+    (marker,) = resume.events
+    assert marker.is_priming and _n(marker.id) > _n(resume.last_event_id_sent)
+
+
+def test_reinitialize(run: _Run) -> None:
+    wire = run.wires["reinitialize"]
+    resume = wire.resume
+    assert resume.status == 200 and resume.last_event_id_sent == "4821"
+    assert resume.session_id_received not in (None, wire.session_id_before)
+    assert not resume.read and resume.events == []
+    assert wire.reinitialized
+    assert wire.session_id_after not in (None, wire.session_id_before)
+    later = wire.exchanges[[x.last_event_id_sent for x in wire.exchanges].index("4821") + 1 :]
+    assert later[0].request.jsonrpc_method == "initialize"
+
+
+def test_expired_session_404(run: _Run) -> None:
+    wire = run.wires["expired_session_404"]
+    resume = wire.resume
+    assert resume.status == 404
+    assert resume.session_id_sent == wire.session_id_before
+    assert resume.events == [] and not wire.in_flight
+    assert wire.reinitialized and wire.session_id_after not in (None, wire.session_id_before)
+
+
+def test_legacy_server_speaks_mcp_to_the_sdk_client() -> None:
+    fleet = FleetInstance("legacy", allocator=EventIdAllocator(4817))
+
+    async def main() -> tuple[list[str], str | None, str | None]:
+        async with sdk_legacy_session(f"{server.url}/sse") as session:
+            tools = await session.list_tools()
+            hits = await session.call_tool("search_index", {"query": "q"})
+            # echo last: nothing follows its response, so closing races with no event.
+            echoed = await session.call_tool("echo", {"text": "hello"})
+        return tools, hits.text, echoed.text
+
+    with LoopbackServer(fleet.app, name="legacy") as server:
+        tools, hits, echoed = asyncio.run(main())
+    assert tools == ["search_index", "echo"]
+    assert hits == search_hits("q") and echoed == "hello"
+    (session,) = fleet.sessions.values()
+    assert [e.id for e in session.log][:2] == ["4817", "4818"]
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 5, 7])
+def test_sse_scanner_finds_event_ends_across_chunks(split: int) -> None:
+    stream = b": ping\r\n\r\nid: 1\r\ndata: a\r\n\r\nid: 2\ndata: b\n\nid: 3\rdata:\r\rdata: c\n\n"
+    scanner = SseScanner()
+    ends: list[int] = []
+    ids: list[str | None] = []
+    for start in range(0, len(stream), split):
+        for offset, event in scanner.feed(stream[start : start + split]):
+            ends.append(start + offset)
+            ids.append(event.id)
+    assert ids == ["1", "2", "3", None]
+    first_end = stream.index(b"a\r\n\r\n") + 5
+    assert ends[0] == first_end
+    assert stream[: ends[1]].endswith(b"data: b\n\n")
+    assert ends[-1] == len(stream)
