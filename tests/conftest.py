@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
@@ -23,6 +26,18 @@ class Telemetry:
         self.logs = InMemoryLogRecordExporter()
         self.logger_provider = LoggerProvider()
         self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.logs))
+
+    @contextlib.contextmanager
+    def instrumented(self, **settings) -> Iterator[object]:
+        """Our instrumentation on these providers, removed on exit."""
+        from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
+
+        instrumentor = McpResumptionInstrumentor()
+        instrumentor.instrument(**self.providers(), **settings)
+        try:
+            yield instrumentor
+        finally:
+            instrumentor.uninstrument()
 
     def providers(self) -> dict:
         return {
@@ -81,9 +96,5 @@ def server():
 
 @pytest.fixture
 def instrumented(telemetry):
-    from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
-
-    instrumentor = McpResumptionInstrumentor()
-    instrumentor.instrument(**telemetry.providers(), confirm_timeout=2)
-    yield instrumentor
-    instrumentor.uninstrument()
+    with telemetry.instrumented(confirm_timeout=2) as instrumentor:
+        yield instrumentor

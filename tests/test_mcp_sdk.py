@@ -120,15 +120,11 @@ def is_error(result) -> bool:
 
 
 def run_slow_call(telemetry, store, **settings):
-    from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
-
     running = Running(build_app(store))
-    instrumentor = McpResumptionInstrumentor()
-    instrumentor.instrument(**telemetry.providers(), **settings)
     try:
-        return asyncio.run(call_slow(running.url))
+        with telemetry.instrumented(**settings):
+            return asyncio.run(call_slow(running.url))
     finally:
-        instrumentor.uninstrument()
         running.close()
 
 

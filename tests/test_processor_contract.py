@@ -38,12 +38,8 @@ def seed_000_client(server) -> list[str]:
 @pytest.mark.parametrize("sampler", [ALWAYS_ON, ALWAYS_OFF], ids=["always_on", "always_off"])
 def test_sampling_does_not_change_counts(server, sampler):
     telemetry = Telemetry(sampler=sampler)
-    instrumentor = McpResumptionInstrumentor()
-    instrumentor.instrument(**telemetry.providers())
-    try:
+    with telemetry.instrumented():
         seed_000_client(server)
-    finally:
-        instrumentor.uninstrument()
     assert telemetry.gap_kinds() == {"session_changed": 1, "id_regression": 1}
     assert telemetry.outcomes() == {"gap": 1}
     assert len(telemetry.gap_logs()) == 2
@@ -87,21 +83,16 @@ def test_with_httpx_instrumentation_in_either_order(server, ours_first):
 def test_enforce_mode_raises_into_the_reader(server, telemetry):
     server.on("GET", "/sse", legacy_stream)
     server.on("GET", "/mcp", fresh_session)
-    instrumentor = McpResumptionInstrumentor()
-    instrumentor.instrument(**telemetry.providers(), mode="enforce")
-    try:
-        with httpx.Client(base_url=server.url) as http:
-            with httpx_sse.connect_sse(http, "GET", "/sse") as source:
-                assert list(source.iter_sse())
-            with httpx_sse.connect_sse(
-                http, "GET", "/mcp", headers={"Last-Event-ID": "4821"}
-            ) as source:
-                received = []
-                with pytest.raises(ResumptionGapError) as raised:
-                    for event in source.iter_sse():
-                        received.append(event)
-    finally:
-        instrumentor.uninstrument()
+    with telemetry.instrumented(mode="enforce"), httpx.Client(base_url=server.url) as http:
+        with httpx_sse.connect_sse(http, "GET", "/sse") as source:
+            assert list(source.iter_sse())
+        with httpx_sse.connect_sse(
+            http, "GET", "/mcp", headers={"Last-Event-ID": "4821"}
+        ) as source:
+            received = []
+            with pytest.raises(ResumptionGapError) as raised:
+                for event in source.iter_sse():
+                    received.append(event)
     assert received == [], "no event of the unproven stream reaches the application"
     assert not isinstance(raised.value, ResumeCursorRaceError)
     assert "re-initialize" in str(raised.value)
@@ -126,39 +117,30 @@ def test_enforce_mode_drain_race_raises_the_race_error(server, telemetry):
     server.on("GET", "/legacy", legacy)
     server.on("POST", "/messages/", posted)
     server.on("GET", "/stream", resumed)
-    instrumentor = McpResumptionInstrumentor()
-    instrumentor.instrument(**telemetry.providers(), mode="enforce")
-    try:
-        with httpx.Client(base_url=server.url) as http:
-            with httpx_sse.connect_sse(http, "GET", "/legacy") as source:
-                events = source.iter_sse()
-                next(events)  # endpoint
-                call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {}}
-                http.post("/messages/?session_id=s-77", json=call)
-                for event in events:
-                    if event.id == "e-104":
-                        break  # the read loop dies before it drains e-104
-                events.close()
-            headers = {"mcp-session-id": "s-77", "last-event-id": "e-104"}
-            with (
-                httpx_sse.connect_sse(http, "GET", "/stream", headers=headers) as source,
-                pytest.raises(ResumeCursorRaceError),
-            ):
-                list(source.iter_sse())
-    finally:
-        instrumentor.uninstrument()
+    with telemetry.instrumented(mode="enforce"), httpx.Client(base_url=server.url) as http:
+        with httpx_sse.connect_sse(http, "GET", "/legacy") as source:
+            events = source.iter_sse()
+            next(events)  # endpoint
+            call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {}}
+            http.post("/messages/?session_id=s-77", json=call)
+            for event in events:
+                if event.id == "e-104":
+                    break  # the read loop dies before it drains e-104
+            events.close()
+        headers = {"mcp-session-id": "s-77", "last-event-id": "e-104"}
+        with (
+            httpx_sse.connect_sse(http, "GET", "/stream", headers=headers) as source,
+            pytest.raises(ResumeCursorRaceError),
+        ):
+            list(source.iter_sse())
     assert telemetry.gap_kinds() == {"drain_race": 1, "orphaned_request": 1}
     [log] = [r for r in telemetry.gap_logs() if r.log_record.attributes.get("jsonrpc.request.id")]
     assert log.log_record.attributes["jsonrpc.request.id"] == "7"
 
 
 def test_no_raw_session_id_in_any_export(server, telemetry):
-    instrumentor = McpResumptionInstrumentor()
-    instrumentor.instrument(**telemetry.providers())
-    try:
+    with telemetry.instrumented():
         seed_000_client(server)
-    finally:
-        instrumentor.uninstrument()
     exported = [span.to_json() for span in telemetry.spans.get_finished_spans()]
     exported += [record.to_json() for record in telemetry.logs.get_finished_logs()]
     exported.append(telemetry.metric_reader.get_metrics_data().to_json())

@@ -557,10 +557,6 @@ class ResumeCheck:
             outcome = Outcome.GAP
         self.verdict = Verdict(outcome, tuple(self.gaps), self.first_event_id, self.delivered)
 
-    @property
-    def finished(self) -> bool:
-        return self._ended or (self.verdict is not None and not self._pending)
-
 
 # ---------------------------------------------------- seed-compatible API
 

@@ -24,8 +24,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
-from opentelemetry._logs import get_logger
+from opentelemetry._logs import SeverityNumber, get_logger
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import SpanKind
@@ -251,8 +252,6 @@ class ContinuityProcessor(SpanProcessor):
                 self.tracker.request_sent(facts.server, facts.legacy_session_id, facts.requests)
             if resume is None:
                 return None
-            if status < 400:
-                status = status or 0
         transport = self._transport(facts, response_session_id)
         session_id = response_session_id or facts.session_id
         if facts.requests and event_stream:
@@ -361,7 +360,7 @@ class ContinuityProcessor(SpanProcessor):
             body=gap.message,
             attributes=attributes,
             context=span_context,
-            severity_number=_WARN,
+            severity_number=SeverityNumber.WARN,
             severity_text="WARN",
         )
 
@@ -414,15 +413,6 @@ class ContinuityProcessor(SpanProcessor):
         return sc.TRANSPORT_SSE
 
 
-_WARN = None
-try:
-    from opentelemetry._logs import SeverityNumber
-
-    _WARN = SeverityNumber.WARN
-except ImportError:  # pragma: no cover - older API
-    pass
-
-
 def enforcement_error(gaps: tuple[Gap, ...]) -> ResumptionGapError:
     message = "; ".join(gap.message for gap in gaps)
     if any(gap.kind is GapKind.DRAIN_RACE for gap in gaps):
@@ -432,8 +422,6 @@ def enforcement_error(gaps: tuple[Gap, ...]) -> ResumptionGapError:
 
 def legacy_session_from_endpoint(data: str) -> str | None:
     """The session id in a legacy ``endpoint`` event (``/messages/?session_id=…``)."""
-    from urllib.parse import parse_qs, urlsplit
-
     try:
         query = parse_qs(urlsplit(data.strip()).query)
     except ValueError:

@@ -48,17 +48,10 @@ class EngineScenario:
     play: Callable[[Tracker, set[str], list[str]], None]
 
 
-def _legacy(tracker: Tracker, session: str, ids: list[str], last: str | None = None) -> Stream:
+def _legacy(tracker: Tracker, session: str, ids: list[str]) -> Stream:
     stream = tracker.open_stream(SERVER, "sse")
     tracker.bind_session(stream, session)
-    kinds: set[str] = set()
-    _read(
-        tracker,
-        stream,
-        [(i, last if (last and i == ids[-1]) else _note(i)) for i in ids],
-        kinds,
-        [],
-    )
+    _read(tracker, stream, [(i, _note(i)) for i in ids], set(), [])
     return stream
 
 

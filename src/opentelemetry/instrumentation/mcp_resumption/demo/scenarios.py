@@ -136,6 +136,18 @@ class ScenarioWire:
     def resume(self) -> ResumeAttempt:
         return self.resumes[0]
 
+    def record_before(self, client: Any) -> None:
+        """What the client held when its stream broke."""
+        self.session_id_before = client.session_id
+        self.received_before = list(client.received)
+
+    def resumed_once(self, attempt: ResumeAttempt, exchanges: list[Exchange]) -> ScenarioWire:
+        """Close the record of a scenario with a single reconnect."""
+        self.resumes.append(attempt)
+        self.session_id_after = attempt.session_id_received
+        self.exchanges = exchanges
+        return self
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -387,8 +399,7 @@ async def _migration_reset() -> ScenarioWire:
         async with new_http_client() as http, LegacyRawClient(http, router.url) as client:
             await _legacy_call(client, apply_result=True)
             wire.severed = await _read_until_cut(client)
-            wire.session_id_before = client.session_id
-            wire.received_before = list(client.received)
+            wire.record_before(client)
             # The client migrated: it resumes on the streamable endpoint with its
             # legacy cursor and session, and applies whatever the stream carries.
             attempt = await _resume(
@@ -397,10 +408,7 @@ async def _migration_reset() -> ScenarioWire:
                 last_event_id=client.cursor,
                 session_id=client.session_id,
             )
-        wire.resumes.append(attempt)
-        wire.session_id_after = attempt.session_id_received
-        wire.exchanges = router.exchanges
-        return wire
+        return wire.resumed_once(attempt, router.exchanges)
 
 
 async def _shared_allocator_reuse() -> ScenarioWire:
@@ -412,8 +420,7 @@ async def _shared_allocator_reuse() -> ScenarioWire:
         async with new_http_client() as http, LegacyRawClient(http, router.url) as client:
             await _legacy_call(client, apply_result=True)
             wire.severed = await _read_until_cut(client)
-            wire.session_id_before = client.session_id
-            wire.received_before = list(client.received)
+            wire.record_before(client)
             seen = {e.id for e in client.received}
 
             def apply_once(event: WireEvent) -> bool:
@@ -429,10 +436,7 @@ async def _shared_allocator_reuse() -> ScenarioWire:
                 session_id=client.session_id,
                 apply=apply_once,
             )
-        wire.resumes.append(attempt)
-        wire.session_id_after = attempt.session_id_received
-        wire.exchanges = router.exchanges
-        return wire
+        return wire.resumed_once(attempt, router.exchanges)
 
 
 async def _drain_race() -> ScenarioWire:
@@ -466,8 +470,7 @@ async def _drain_race() -> ScenarioWire:
                 await handler
             await client.close_stream()
             wire.severed = sse_call.severed
-            wire.session_id_before = client.session_id
-            wire.received_before = list(client.received)
+            wire.record_before(client)
             wire.in_flight = {request_id: "tools/call"}
             attempt = await _resume(
                 http,
@@ -475,10 +478,7 @@ async def _drain_race() -> ScenarioWire:
                 last_event_id=client.cursor,
                 session_id=client.session_id,
             )
-        wire.resumes.append(attempt)
-        wire.session_id_after = attempt.session_id_received
-        wire.exchanges = router.exchanges
-        return wire
+        return wire.resumed_once(attempt, router.exchanges)
 
 
 async def _empty_replay() -> ScenarioWire:
@@ -490,8 +490,7 @@ async def _empty_replay() -> ScenarioWire:
         async with new_http_client() as http, LegacyRawClient(http, router.url) as client:
             await _legacy_call(client, apply_result=True)
             wire.severed = await _read_until_cut(client)
-            wire.session_id_before = client.session_id
-            wire.received_before = list(client.received)
+            wire.record_before(client)
             # A bounded reconnect loop: each 200 ends with no event, so it tries again.
             for _ in range(_EMPTY_RETRIES):
                 attempt = await _resume(
@@ -609,8 +608,7 @@ async def _caught_up_priming() -> ScenarioWire:
             client = _RawStreamable(http, f"{router.url}/mcp")
             await client.handshake()
             await client.request("tools/call", {"name": "echo", "arguments": {"text": "ping"}})
-            wire.session_id_before = client.session_id
-            wire.received_before = list(client.received)
+            wire.record_before(client)
             # Everything was applied; the reconnect finds nothing pending and the
             # SDK answers with a priming event only, which ends the wait.
             attempt = await _resume(
@@ -621,10 +619,7 @@ async def _caught_up_priming() -> ScenarioWire:
                 protocol_version=SESSION_PROTOCOL_VERSION,
                 stop=lambda event: event.is_priming,
             )
-        wire.resumes.append(attempt)
-        wire.session_id_after = attempt.session_id_received
-        wire.exchanges = router.exchanges
-        return wire
+        return wire.resumed_once(attempt, router.exchanges)
 
 
 async def _reinitialize() -> ScenarioWire:
@@ -649,8 +644,7 @@ async def _reinitialize() -> ScenarioWire:
         async with new_http_client() as http, LegacyRawClient(http, router.url) as client:
             await _legacy_call(client, apply_result=True)
             wire.severed = await _read_until_cut(client)
-            wire.session_id_before = client.session_id
-            wire.received_before = list(client.received)
+            wire.record_before(client)
             # A different Mcp-Session-Id: the session was re-established, not
             # resumed, so the client closes the response without reading it.
             attempt = await _resume(
@@ -693,8 +687,7 @@ async def _expired_session_404() -> ScenarioWire:
             client = _RawStreamable(http, f"{router.url}/mcp")
             await client.handshake()
             await client.request("tools/call", {"name": "echo", "arguments": {"text": "ping"}})
-            wire.session_id_before = client.session_id
-            wire.received_before = list(client.received)
+            wire.record_before(client)
             attempt = await _resume(
                 http,
                 client.url,

@@ -21,7 +21,7 @@ from typing import Any
 from opentelemetry.instrumentation.utils import unwrap
 from wrapt import wrap_function_wrapper
 
-from ..continuity import ResumeCursorRaceError, ResumptionGapError
+from ..continuity import ResumptionGapError
 from . import enforced_errors, guarded
 
 MODULE = "mcp.client.streamable_http"
@@ -32,35 +32,24 @@ GAP_ERROR_CODE = -32001  # implementation-defined server-error range of JSON-RPC
 def _error_message(ctx: Any, error: ResumptionGapError) -> Any:
     from mcp.shared.message import SessionMessage
 
-    kind = (
-        "ResumeCursorRaceError"
-        if isinstance(error, ResumeCursorRaceError)
-        else ("ResumptionGapError")
-    )
-    request = ctx.session_message.message
-    request = getattr(request, "root", request)  # 1.x wraps messages in a RootModel
-    try:  # 2.x
+    try:  # 2.x: messages are the JSON-RPC models themselves
         from mcp_types import ErrorData, JSONRPCError
 
-        return SessionMessage(
-            JSONRPCError(
-                jsonrpc="2.0",
-                id=request.id,
-                error=ErrorData(code=GAP_ERROR_CODE, message=f"{kind}: {error}"),
-            )
-        )
-    except ImportError:  # 1.x
-        from mcp.types import ErrorData, JSONRPCError, JSONRPCMessage
+        def wrap(message: Any) -> Any:
+            return message
+    except ImportError:  # 1.x wraps them in a RootModel
+        from mcp.types import ErrorData, JSONRPCError
+        from mcp.types import JSONRPCMessage as wrap
 
-        return SessionMessage(
-            JSONRPCMessage(
-                JSONRPCError(
-                    jsonrpc="2.0",
-                    id=request.id,
-                    error=ErrorData(code=GAP_ERROR_CODE, message=f"{kind}: {error}"),
-                )
-            )
-        )
+    kind = type(error).__name__
+    request = ctx.session_message.message
+    request = getattr(request, "root", request)
+    answer = JSONRPCError(
+        jsonrpc="2.0",
+        id=request.id,
+        error=ErrorData(code=GAP_ERROR_CODE, message=f"{kind}: {error}"),
+    )
+    return SessionMessage(wrap(answer))
 
 
 async def _fail_request(ctx: Any, error: ResumptionGapError) -> None:
