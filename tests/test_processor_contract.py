@@ -160,3 +160,17 @@ def test_uninstrument_restores_the_libraries(server, telemetry):
         assert (httpx.Client.send, httpx_sse.EventSource.iter_sse) == original
     seed_000_client(server)
     assert telemetry.gap_kinds() == {}, "nothing is observed once uninstrumented"
+
+
+def test_evictions_are_counted_when_they_happen(server, telemetry):
+    def stream(request, body):
+        return 200, {"mcp-session-id": request.query_params["s"]}, [sse("1", "{}")]
+
+    server.on("GET", "/many", stream)
+    with telemetry.instrumented(max_streams=2), httpx.Client(base_url=server.url) as http:
+        for n in range(5):
+            headers = {"mcp-session-id": f"s{n}"}
+            with httpx_sse.connect_sse(http, "GET", f"/many?s=s{n}", headers=headers) as source:
+                list(source.iter_sse())
+    [point] = telemetry.points("mcp.client.resumption.evicted_streams")
+    assert point.value == 3

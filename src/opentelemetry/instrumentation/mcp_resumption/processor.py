@@ -263,6 +263,7 @@ class ContinuityProcessor(SpanProcessor):
             last_event_id=facts.last_event_id,
             carries=[key for key, _ in facts.requests],
         )
+        self._report_evictions()  # admitting a stream is what evicts one
         context = StreamContext(facts, stream, transport)
         if resume is None:
             return context
@@ -336,7 +337,6 @@ class ContinuityProcessor(SpanProcessor):
             self._finish(context, step.verdict, check.cursor.transport if check else None)
         if step.gaps and self.settings.enforce and context.error is None:
             context.error = enforcement_error(step.gaps)
-        self._report_evictions()
 
     def _emit_gap(self, context: StreamContext, gap: Gap) -> None:
         self._gaps.add(1, {sc.GAP_KIND: gap.kind.value, **context.attributes})
