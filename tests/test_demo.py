@@ -16,7 +16,9 @@ from opentelemetry.instrumentation.mcp_resumption.demo import runner, scenarios
 
 @pytest.fixture(scope="module")
 def rows() -> dict[str, dict]:
-    return {row["scenario"]: row for row in runner.run()}
+    rows, totals = runner.run()
+    assert totals["gaps by kind"], "the metric totals come from the exported counters"
+    return {row["scenario"]: row for row in rows}
 
 
 @pytest.mark.parametrize("scenario", [s.name for s in scenarios.all_scenarios()])
@@ -44,3 +46,32 @@ def test_demo_command_from_a_clean_environment():
     assert [row["scenario"] for row in printed] == [s.name for s in scenarios.all_scenarios()]
     assert all(row["pass"] for row in printed)
     assert set(printed[0]) >= {"scenario", "happened", "expected", "detected", "outcome", "pass"}
+
+
+def test_one_scenario_client_under_opentelemetry_instrument():
+    """The README's by-hand recipe: the plugin is loaded by auto-instrumentation
+    only, and the gaps reach the console exporters."""
+    bin_dir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTHONPATH"))}
+    env.update(
+        OTEL_TRACES_EXPORTER="console",
+        OTEL_METRICS_EXPORTER="console",
+        OTEL_LOGS_EXPORTER="console",
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="httpx",
+    )
+    result = subprocess.run(
+        [
+            str(bin_dir / "opentelemetry-instrument"),
+            str(bin_dir / "mcp-resumption"),
+            *("scenario", "drain_race"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "resume 1: Last-Event-ID 'e-104' -> 200" in result.stdout
+    for kind in ("drain_race", "orphaned_request"):
+        assert f'"mcp.resumption.gap.kind": "{kind}"' in result.stdout

@@ -32,6 +32,26 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _plain_scenario(name: str) -> int:
+    """The scenario as a user's own client would run: whatever instruments
+    this process (opentelemetry-instrument) observes it; we only print the
+    wire story."""
+    import asyncio
+
+    from .scenarios import get_scenario
+
+    scenario = get_scenario(name)
+    wire = asyncio.run(scenario.run())
+    print(f"{name}: {scenario.happened}")
+    print(f"  expected gaps: {', '.join(scenario.expected_gaps) or 'none'}")
+    for n, attempt in enumerate(wire.resumes, 1):
+        print(
+            f"  resume {n}: Last-Event-ID {attempt.last_event_id_sent!r} -> {attempt.status}, "
+            f"first event {attempt.event_ids[0] if attempt.event_ids else None!r}"
+        )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mcp-resumption", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -47,28 +67,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument(
         "--scenario", action="append", default=[], metavar="NAME", help="run only NAME"
     )
+    demo.add_argument(
+        "--prometheus-port",
+        type=int,
+        metavar="N",
+        help="serve the metrics for a Prometheus scrape on 127.0.0.1:N",
+    )
+    demo.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep running (and the metrics endpoint up) this long after the last scenario",
+    )
+    client = commands.add_parser(
+        "scenario",
+        help="run one scenario's servers and client WITHOUT enabling the plugin, "
+        "for use under opentelemetry-instrument",
+    )
+    client.add_argument("name")
     args = parser.parse_args(argv)
 
+    totals: dict[str, dict[str, int]] = {}
     if args.command == "engine":
         rows = engine_table.run()
     else:
-        from . import runner, scenarios
+        from . import scenarios
 
+        known = [scenario.name for scenario in scenarios.all_scenarios()]
+        asked = [args.name] if args.command == "scenario" else args.scenario
+        unknown = sorted(set(asked) - set(known))
+        if unknown:
+            parser.error(f"unknown scenario {', '.join(unknown)}; known: {', '.join(known)}")
+        if args.command == "scenario":
+            return _plain_scenario(args.name)
         if args.list:
             for scenario in scenarios.all_scenarios():
                 print(f"{scenario.name}: {scenario.happened}")
             return 0
-        known = {scenario.name for scenario in scenarios.all_scenarios()}
-        unknown = sorted(set(args.scenario) - known)
-        if unknown:
-            parser.error(f"unknown scenario {', '.join(unknown)}; see --list")
-        rows = runner.run(args.scenario)
+        from . import runner
+
+        rows, totals = runner.run(
+            args.scenario, prometheus_port=args.prometheus_port, hold=args.hold
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         print(_table(rows))
         passed = sum(row["pass"] for row in rows)
         print(f"\n{passed} of {len(rows)} scenarios match their ground truth")
+        for title, counts in totals.items():
+            listed = ", ".join(f"{key} {value}" for key, value in sorted(counts.items()))
+            print(f"{title}: {listed or 'none'}")
     return 0 if all(row["pass"] for row in rows) else 1
 
 
