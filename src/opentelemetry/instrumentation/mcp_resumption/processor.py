@@ -177,6 +177,7 @@ class ContinuityProcessor(SpanProcessor):
         self._replayed = meter.create_histogram(*sc.REPLAYED_EVENTS)
         self._events = meter.create_counter(*sc.STREAM_EVENTS)
         self._evicted = meter.create_counter(*sc.EVICTED_STREAMS)
+        self._evicted.add(0)  # a series from the start: "none evicted" is an answer
         self._evicted_reported = 0
         self._events_logger = get_logger(
             sc.INSTRUMENTATION_NAME, __version__, logger_provider=logger_provider

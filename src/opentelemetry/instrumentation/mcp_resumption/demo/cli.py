@@ -88,38 +88,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     client.add_argument("name")
     args = parser.parse_args(argv)
 
-    totals: dict[str, dict[str, int]] = {}
     if args.command == "engine":
         rows = engine_table.run()
-    else:
-        from . import scenarios
+        _print(rows, {}, as_json=args.json)
+        return _status(rows)
+    from . import scenarios
 
-        known = [scenario.name for scenario in scenarios.all_scenarios()]
-        asked = [args.name] if args.command == "scenario" else args.scenario
-        unknown = sorted(set(asked) - set(known))
-        if unknown:
-            parser.error(f"unknown scenario {', '.join(unknown)}; known: {', '.join(known)}")
-        if args.command == "scenario":
-            return _plain_scenario(args.name)
-        if args.list:
-            for scenario in scenarios.all_scenarios():
-                print(f"{scenario.name}: {scenario.happened}")
-            return 0
-        from . import runner
+    known = [scenario.name for scenario in scenarios.all_scenarios()]
+    asked = [args.name] if args.command == "scenario" else args.scenario
+    unknown = sorted(set(asked) - set(known))
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(unknown)}; known: {', '.join(known)}")
+    if args.command == "scenario":
+        return _plain_scenario(args.name)
+    if args.list:
+        for scenario in scenarios.all_scenarios():
+            print(f"{scenario.name}: {scenario.happened}")
+        return 0
+    from . import runner
 
-        rows, totals = runner.run(
-            args.scenario, prometheus_port=args.prometheus_port, hold=args.hold
-        )
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        print(_table(rows))
-        passed = sum(row["pass"] for row in rows)
-        print(f"\n{passed} of {len(rows)} scenarios match their ground truth")
-        for title, counts in totals.items():
-            listed = ", ".join(f"{key} {value}" for key, value in sorted(counts.items()))
-            print(f"{title}: {listed or 'none'}")
-    return 0 if all(row["pass"] for row in rows) else 1
+    rows, _ = runner.run(
+        args.scenario,
+        prometheus_port=args.prometheus_port,
+        hold=args.hold,
+        # printed before the hold, so a scraper can tell the run is complete
+        report=lambda rows, totals: _print(rows, totals, as_json=args.json),
+    )
+    return _status(rows)
+
+
+def _print(rows: list[dict], totals: dict[str, dict[str, int]], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2), flush=True)
+        return
+    print(_table(rows))
+    passed = sum(row["pass"] for row in rows)
+    print(f"\n{passed} of {len(rows)} scenarios match their ground truth")
+    for title, counts in totals.items():
+        listed = ", ".join(f"{key} {value}" for key, value in sorted(counts.items()))
+        print(f"{title}: {listed or 'none'}")
+    sys.stdout.flush()
+
+
+def _status(rows: list[dict]) -> int:
+    return 0 if rows and all(row["pass"] for row in rows) else 1
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry.sdk._logs import LoggerProvider
@@ -73,12 +73,13 @@ def run(
     *,
     prometheus_port: int | None = None,
     hold: float = 0.0,
+    report: Callable[[list[dict], dict[str, dict[str, int]]], None] | None = None,
 ) -> tuple[list[dict], dict[str, dict[str, int]]]:
     """Run the scenarios (all, or ``names``); return one row each, and the
     metric totals (resumes by outcome, gaps by kind) of the whole run.
 
     With ``prometheus_port`` the metrics are served on 127.0.0.1 for a scrape,
-    and kept up ``hold`` seconds after the last scenario."""
+    and kept up ``hold`` seconds after ``report`` was given the results."""
     wanted = set(names or ())
     resource = Resource.create({"service.name": "mcp-resumption-demo"})
     logs = InMemoryLogRecordExporter()
@@ -135,6 +136,8 @@ def run(
             "resumes by outcome": _outcomes(reader),
             "gaps by kind": _sums(reader, sc.GAPS[0], sc.GAP_KIND),
         }
+        if report is not None:
+            report(rows, totals)
         if hold > 0:
             print(f"holding the metrics endpoint for {hold:g} s ...", file=sys.stderr, flush=True)
             time.sleep(hold)
