@@ -3,8 +3,8 @@
 
 # The instrumentor loads when any one of these is installed: mcp 1.x brings
 # httpx (+ httpx-sse), mcp 2.x brings httpx2.
-_instruments_httpx = ("httpx >= 0.27",)
-_instruments_httpx2 = ("httpx2 >= 2.0",)
+_instruments_httpx = ("httpx >= 0.27.1",)
+_instruments_httpx2 = ("httpx2 >= 2.5",)
 
 _instruments = ()
 _instruments_any = (*_instruments_httpx, *_instruments_httpx2)
