@@ -174,3 +174,26 @@ def test_evictions_are_counted_when_they_happen(server, telemetry):
                 list(source.iter_sse())
     [point] = telemetry.points("mcp.client.resumption.evicted_streams")
     assert point.value == 3
+
+
+def test_stream_events_are_counted_exactly(server, telemetry):
+    def many(request, body):
+        return 200, {"mcp-session-id": "s-many"}, [sse(str(n), "{}") for n in range(1, 151)]
+
+    server.on("GET", "/count", many)
+    headers = {"mcp-session-id": "s-many"}
+
+    def counted() -> int:
+        return sum(int(point.value) for point in telemetry.points("mcp.client.stream.events"))
+
+    with (
+        telemetry.instrumented(),
+        httpx.Client(base_url=server.url) as http,
+        httpx_sse.connect_sse(http, "GET", "/count", headers=headers) as source,
+    ):
+        events = source.iter_sse()
+        for _ in range(100):
+            next(events)
+        assert 100 - 64 < counted() <= 100, "an open stream's count lags by a batch at most"
+        assert len(list(events)) == 50
+    assert counted() == 150

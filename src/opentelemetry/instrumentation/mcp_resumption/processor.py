@@ -41,6 +41,11 @@ from .version import __version__
 
 _logger = logging.getLogger(__name__)
 
+# The events counter is added to per stream at most every this many events or
+# seconds, and when the stream ends.
+EVENTS_BATCH = 64
+EVENTS_BATCH_SECONDS = 1.0
+
 # Request facts for the HTTP client span that the httpx instrumentation
 # opens inside the patched call; read in on_start.
 _request_attributes: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
@@ -67,6 +72,7 @@ class StreamContext:
 
     __slots__ = (
         "attributes",
+        "counted_at",
         "deadline",
         "error",
         "facts",
@@ -74,6 +80,7 @@ class StreamContext:
         "started",
         "stream",
         "transport",
+        "uncounted",
     )
 
     def __init__(self, facts: RequestFacts, stream: Stream, transport: str) -> None:
@@ -85,6 +92,10 @@ class StreamContext:
         self.started = 0.0
         self.error: ResumptionGapError | None = None
         self.deadline: list | None = None
+        # Events read but not yet added to the events counter, and when it was
+        # last added to: one SDK Counter.add per event was most of our cost.
+        self.uncounted = 0
+        self.counted_at = time.monotonic()
 
 
 @dataclass
@@ -301,7 +312,11 @@ class ContinuityProcessor(SpanProcessor):
             raise context.error
         if not self.enabled:
             return
-        self._events.add(1, context.attributes)
+        context.uncounted += 1
+        if context.uncounted >= EVENTS_BATCH or (
+            time.monotonic() - context.counted_at >= EVENTS_BATCH_SECONDS
+        ):
+            self._count_events(context)
         if event_type == "endpoint":
             session_id = legacy_session_from_endpoint(data)
             if session_id is not None:
@@ -315,6 +330,7 @@ class ContinuityProcessor(SpanProcessor):
         self.tracker.event_consumed(context.stream)
 
     def ended(self, context: StreamContext, reason: str, *, closed_by_client: bool = False) -> None:
+        self._count_events(context)
         self._deadlines.cancel(context.deadline)
         self._apply(
             context,
@@ -322,6 +338,12 @@ class ContinuityProcessor(SpanProcessor):
         )
 
     # ------------------------------------------------------ telemetry out
+
+    def _count_events(self, context: StreamContext) -> None:
+        if context.uncounted:
+            self._events.add(context.uncounted, context.attributes)
+            context.uncounted = 0
+        context.counted_at = time.monotonic()
 
     def _timeout(self, context: StreamContext) -> None:
         seconds = self.settings.confirm_timeout
