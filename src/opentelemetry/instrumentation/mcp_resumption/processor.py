@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +117,15 @@ class _Deadlines:
         self._thread: threading.Thread | None = None
         self._order = itertools.count()
         self._closed = False
+        _all_deadlines.add(self)
+
+    def _after_fork(self) -> None:
+        # The child has none of the parent's threads: a condition another
+        # thread held at the fork would never be released, and the parent's
+        # deadlines are the parent's to decide.
+        self._cv = threading.Condition()
+        self._heap = []
+        self._thread = None
 
     def add(self, delay: float, callback: Callable[[], None]) -> list:
         entry = [time.monotonic() + delay, next(self._order), callback]
@@ -156,6 +166,18 @@ class _Deadlines:
                     callback()
                 except Exception:  # never let the timer thread die
                     _logger.debug("confirmation timeout callback failed", exc_info=True)
+
+
+_all_deadlines: weakref.WeakSet[_Deadlines] = weakref.WeakSet()
+
+
+def _deadlines_after_fork() -> None:
+    for deadlines in list(_all_deadlines):
+        deadlines._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_deadlines_after_fork)
 
 
 class ContinuityProcessor(SpanProcessor):
@@ -272,6 +294,7 @@ class ContinuityProcessor(SpanProcessor):
             facts.server,
             transport,
             session_id=session_id,
+            request_session_id=facts.session_id,
             last_event_id=facts.last_event_id,
             carries=[key for key, _ in facts.requests],
         )

@@ -16,8 +16,11 @@ tracker is safe to call from many threads and from asyncio.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,6 +43,17 @@ SENT_WINDOW = 512  # request ids remembered per session, for foreign_replay
 
 SSE = "sse"
 STREAMABLE_HTTP = "streamable-http"
+# Event ids longer than this are remembered as a prefix and a digest: equal
+# ids stay equal (and opaque), and a server cannot make each of the ids kept
+# per session megabytes long.
+MAX_KEPT_ID_LENGTH = 256
+
+
+def _bounded(event_id: str | None) -> str | None:
+    if not isinstance(event_id, str) or len(event_id) <= MAX_KEPT_ID_LENGTH:
+        return event_id
+    digest = hashlib.sha256(event_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{event_id[:64]}...sha256:{digest}"
 
 
 @dataclass
@@ -52,6 +66,9 @@ class Session:
     pending: dict[str, tuple[str, int | None]] = field(default_factory=dict)
     sent: OrderedDict[str, None] = field(default_factory=OrderedDict)
     sent_overflowed: bool = False
+    # A stream of this session was dropped (or the session is a new record
+    # for a key whose older one may have been): its cursors can be gone.
+    history_lost: bool = False
 
     def remember(self, event_id: EventId, digest: int) -> None:
         self.seen[event_id.raw] = digest
@@ -106,6 +123,19 @@ class Step:
 
 _NOTHING = Step()
 
+# A fork copies the lock as it is: held, if another thread was inside the
+# tracker at that moment, and then held for ever in the child.
+_trackers: weakref.WeakSet[Tracker] = weakref.WeakSet()
+
+
+def _new_locks_in_child() -> None:
+    for tracker in list(_trackers):
+        tracker._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_locks_in_child)
+
 
 class Tracker:
     def __init__(
@@ -116,6 +146,7 @@ class Tracker:
         self.max_streams = max(1, max_streams)
         self.contract = contract
         self.evicted_streams = 0
+        self.evicted_sessions = 0
         self._lock = threading.Lock()
         self._keys = itertools.count(1)
         self._streams: OrderedDict[int, Stream] = OrderedDict()
@@ -124,6 +155,7 @@ class Tracker:
         # event it is, most recent last: the cursors a client may present on
         # reconnect.  Several when sessions count their ids separately.
         self._cursors: dict[tuple[str, str], dict[int, Stream]] = {}
+        _trackers.add(self)
 
     # ------------------------------------------------------------ queries
 
@@ -160,12 +192,18 @@ class Tracker:
         session_id: str | None = None,
         last_event_id: str | None = None,
         carries: Iterable[str] = (),
+        request_session_id: str | None = None,
     ) -> Stream:
         """An SSE response is about to be read.  ``last_event_id`` makes it a
-        resume; ``carries`` are request keys whose responses it will carry."""
-        cursor_id = parse_event_id(last_event_id)
+        resume; ``carries`` are request keys whose responses it will carry.
+        ``session_id`` is the stream's session (the response's, else the
+        request's); ``request_session_id``, the session the request named,
+        is the one the client says its cursor belongs to (default: the
+        stream's), and the cursor is looked up there."""
+        cursor_id = parse_event_id(_bounded(last_event_id))
+        claimed = request_session_id if request_session_id is not None else session_id
         with self._lock:
-            previous = self._cursor_owner(server, cursor_id, session_id)
+            previous = self._cursor_owner(server, cursor_id, claimed)
             if previous is not None and previous.session.session_id is not None:
                 session = previous.session
             else:
@@ -177,7 +215,7 @@ class Tracker:
                 if key in session.pending:
                     session.pending[key] = (session.pending[key][0], stream.lineage)
             if cursor_id is not None:
-                stream.check = self._begin_resume(stream, cursor_id, previous, session_id)
+                stream.check = self._begin_resume(stream, cursor_id, previous, claimed)
             return stream
 
     def _begin_resume(
@@ -249,7 +287,7 @@ class Tracker:
         self, stream: Stream, event_id: str | None, data: str, digest: int | None = None
     ) -> Step:
         """An event is handed to the application (it has not consumed it yet)."""
-        parsed = parse_event_id(event_id)
+        parsed = parse_event_id(_bounded(event_id))
         if digest is None:
             digest = hash(data)
         responses = responses_in(data)
@@ -326,6 +364,15 @@ class Tracker:
             for stream in reversed(owners.values()):
                 if stream.session.session_id == session_id:
                     return stream
+            # Another session's stream holds an equal id.  That binds the
+            # cursor to the other session only if the named one could not
+            # have issued it: per-session counters repeat ids across sessions.
+            named = self._sessions.get((server, session_id))
+            if named is None:
+                if self.evicted_sessions:
+                    return None  # it may have been dropped with its streams
+            elif named.history_lost or cursor_id.raw in named.seen:
+                return None
         return next(reversed(owners.values()))
 
     def _move_cursor(self, stream: Stream, slot: str, event_id: EventId) -> None:
@@ -349,9 +396,12 @@ class Tracker:
         key = (server, session_id)
         session = self._sessions.get(key)
         if session is None:
-            session = self._sessions[key] = Session(server, session_id)
+            session = self._sessions[key] = Session(
+                server, session_id, history_lost=self.evicted_sessions > 0
+            )
             if len(self._sessions) > self.max_streams:
                 self._sessions.popitem(last=False)
+                self.evicted_sessions += 1
         else:
             self._sessions.move_to_end(key)
         return session
@@ -361,6 +411,7 @@ class Tracker:
         while len(self._streams) > self.max_streams:
             _, dropped = self._streams.popitem(last=False)
             self.evicted_streams += 1
+            dropped.session.history_lost = True
             for event_id in (dropped.last_received, dropped.last_consumed):
                 if event_id is not None:
                     self._forget_cursor(dropped, event_id)

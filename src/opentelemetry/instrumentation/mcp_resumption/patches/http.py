@@ -10,6 +10,7 @@ the resume's ``mcp.resume`` span is that span's parent.
 
 from __future__ import annotations
 
+import contextvars
 import weakref
 from contextlib import nullcontext
 from typing import Any
@@ -26,6 +27,13 @@ from . import active, guarded
 
 # response -> the stream context its EventSource reads through
 streams: weakref.WeakKeyDictionary[Any, StreamContext] = weakref.WeakKeyDictionary()
+# id() of the response an observed SSE iterator of this thread or task is
+# reading right now: httpx closes a response itself when its body ends, inside
+# that read, and the events the SSE parser flushes at the end come after that
+# close.  A close from another task or thread is still the application's.
+reading: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "mcp_resumption_reading", default=None
+)
 
 MAX_HEADER_LENGTH = 1024
 
@@ -162,13 +170,15 @@ def _closed(response: Any) -> None:
 def _close(wrapped, instance, args, kwargs):
     # A client that reads the headers and walks away never iterates the
     # events: the close is the only sign (the fail-closed re-initialise path).
-    if instance in streams:
+    # A close from inside an observed read is httpx ending the body, not the
+    # application: the iterator reports that end itself.
+    if instance in streams and reading.get() != id(instance):
         guarded("observing a closed response", _closed, instance)
     return wrapped(*args, **kwargs)
 
 
 async def _aclose(wrapped, instance, args, kwargs):
-    if instance in streams:
+    if instance in streams and reading.get() != id(instance):
         guarded("observing a closed response", _closed, instance)
     return await wrapped(*args, **kwargs)
 

@@ -18,13 +18,17 @@ from opentelemetry.instrumentation.utils import unwrap
 from wrapt import wrap_function_wrapper
 
 from . import active, guarded
-from .http import streams
+from .http import reading, streams
+
+
+def _response_of(event_source: Any) -> Any:
+    return getattr(event_source, "response", None) or getattr(event_source, "_response", None)
 
 
 def _context_for(event_source: Any):
     if active.processor is None:
         return None
-    response = getattr(event_source, "response", None) or getattr(event_source, "_response", None)
+    response = _response_of(event_source)
     return streams.get(response) if response is not None else None
 
 
@@ -35,13 +39,16 @@ def _new_id(sse: Any, previous: str | None) -> str | None:
     return None if event_id == previous else event_id
 
 
-def _observed(events: Iterator[Any], context: Any, processor: Any) -> Iterator[Any]:
+def _observed(
+    events: Iterator[Any], context: Any, processor: Any, response: Any = None
+) -> Iterator[Any]:
     previous: str | None = None
     delivered = False
     try:
         while True:
             if delivered:
                 guarded("observing a consumed event", processor.asked_next, context)
+            token = reading.set(id(response))
             try:
                 sse = next(events)
             except StopIteration:
@@ -51,6 +58,8 @@ def _observed(events: Iterator[Any], context: Any, processor: Any) -> Iterator[A
                 reason = f"a read error ({type(error).__name__})"
                 guarded("observing a stream error", processor.ended, context, reason)
                 raise
+            finally:
+                reading.reset(token)
             event_id = _new_id(sse, previous)
             previous = sse.id or None
             guarded("observing an event", processor.event, context, sse.event, event_id, sse.data)
@@ -72,7 +81,7 @@ def _observed(events: Iterator[Any], context: Any, processor: Any) -> Iterator[A
 
 
 async def _aobserved(
-    events: AsyncIterator[Any], context: Any, processor: Any
+    events: AsyncIterator[Any], context: Any, processor: Any, response: Any = None
 ) -> AsyncIterator[Any]:
     previous: str | None = None
     delivered = False
@@ -80,6 +89,7 @@ async def _aobserved(
         while True:
             if delivered:
                 guarded("observing a consumed event", processor.asked_next, context)
+            token = reading.set(id(response))
             try:
                 sse = await events.__anext__()
             except StopAsyncIteration:
@@ -89,6 +99,8 @@ async def _aobserved(
                 reason = f"a read error ({type(error).__name__})"
                 guarded("observing a stream error", processor.ended, context, reason)
                 raise
+            finally:
+                reading.reset(token)
             event_id = _new_id(sse, previous)
             previous = sse.id or None
             guarded("observing an event", processor.event, context, sse.event, event_id, sse.data)
@@ -114,7 +126,7 @@ def _iterate(wrapped, instance, args, kwargs):
     context = guarded("finding the stream", _context_for, instance)
     if context is None:
         return events
-    return _observed(events, context, active.processor)
+    return _observed(events, context, active.processor, _response_of(instance))
 
 
 def _aiterate(wrapped, instance, args, kwargs):
@@ -122,7 +134,7 @@ def _aiterate(wrapped, instance, args, kwargs):
     context = guarded("finding the stream", _context_for, instance)
     if context is None:
         return events
-    return _aobserved(events, context, active.processor)
+    return _aobserved(events, context, active.processor, _response_of(instance))
 
 
 TARGETS = {

@@ -1,0 +1,315 @@
+"""Secrets and cardinality (issue 7, part 4).
+
+With the default settings no raw session id, no event data and no query
+string reaches any exported span, log record or metric: every export of a
+run of the demo scenarios (and of a run with planted secrets) is serialized
+with ``to_json`` and searched.  And 10,000 sessions leave a bounded number of
+metric attribute sets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable, Iterable
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+
+from fuzz_sse import RawServer, Reply, Telemetry, block, consume, head
+from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
+from opentelemetry.instrumentation.mcp_resumption import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.processor import ContinuityProcessor, RequestFacts
+
+ACCEPT = (b"accept", b"text/event-stream")
+# Protocol words that are not anyone's data (they also name methods in gap messages).
+NOT_DATA = {"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"}
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait for a condition (not for a time): polls, fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def no_open_windows(processor: ContinuityProcessor) -> bool:
+    """No confirmation window still waiting: every resume span has ended."""
+    deadlines = processor._deadlines
+    with deadlines._cv:
+        return not any(entry[2] is not None for entry in deadlines._heap)
+
+
+def exports(telemetry: Telemetry) -> dict[str, str]:
+    data = telemetry.metric_reader.get_metrics_data()
+    return {
+        "spans": "\n".join(span.to_json() for span in telemetry.spans.get_finished_spans()),
+        "logs": "\n".join(record.to_json() for record in telemetry.logs.get_finished_logs()),
+        "metrics": data.to_json() if data else "",
+    }
+
+
+def leaks(exported: dict[str, str], secrets: Iterable[str]) -> list[tuple[str, str]]:
+    found = []
+    for secret in set(secrets):
+        forms = {secret, json.dumps(secret)[1:-1]}
+        for signal, text in exported.items():
+            if any(form in text for form in forms):
+                found.append((signal, secret[:60]))
+    return sorted(found)
+
+
+def _string_leaves(value: object) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _string_leaves(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _string_leaves(item)
+
+
+def data_secrets(text: str) -> set[str]:
+    """An event's or a body's data, and every string inside its payload."""
+    found = {text} if len(text) >= 8 else set()
+    try:
+        decoded = json.loads(text)
+    except ValueError:
+        return found
+    for message in decoded if isinstance(decoded, list) else [decoded]:
+        if isinstance(message, dict):
+            for key in ("params", "result", "error"):
+                found.update(s for s in _string_leaves(message.get(key)) if len(s) >= 8)
+    return found - NOT_DATA
+
+
+def session_and_query_secrets(target: str, headers: Iterable[tuple[str, str]]) -> set[str]:
+    found = set()
+    query = urlsplit(target).query
+    if query:
+        found.add(query)
+        found.update(value for _, value in parse_qsl(query) if len(value) >= 8)
+    found.update(v for k, v in headers if k.lower() == "mcp-session-id" and len(v) >= 8)
+    return found
+
+
+# ------------------------------------------------------------ the demo
+
+
+@pytest.fixture(scope="module")
+def demo_run():
+    from opentelemetry.instrumentation.mcp_resumption.demo.scenarios import all_scenarios
+
+    telemetry = Telemetry()
+    instrumentor = McpResumptionInstrumentor()
+    instrumentor.instrument(**telemetry.providers(), confirm_timeout=0.3)
+    wires = []
+    try:
+        processor = instrumentor.processor
+        for scenario in all_scenarios():
+            wires.append(asyncio.run(scenario.run()))
+            wait_until(lambda: no_open_windows(processor))
+        exported = exports(telemetry)
+    finally:
+        instrumentor.uninstrument()
+        telemetry.shutdown()
+    return wires, exported, telemetry
+
+
+def wire_secrets(wires) -> dict[str, set[str]]:
+    sessions: set[str] = set()
+    queries: set[str] = set()
+    data: set[str] = set()
+    for wire in wires:
+        for session in (wire.session_id_before, wire.session_id_after,
+                        *(r.session_id_sent for r in wire.resumes),
+                        *(r.session_id_received for r in wire.resumes)):
+            if session and len(session) >= 8:
+                sessions.add(session)
+        for event in (*wire.received_before, *(e for r in wire.resumes for e in r.events)):
+            data.update(data_secrets(event.data))
+            if event.event == "endpoint":
+                queries.update(session_and_query_secrets(event.data, ()))
+        for exchange in wire.exchanges:
+            request = exchange.request
+            found = session_and_query_secrets(request.target, request.headers)
+            queries.update(s for s in found if "=" in s)
+            sessions.update(s for s in found if "=" not in s)
+            sessions.update(v for k, v in exchange.response_headers
+                            if k.lower() == "mcp-session-id" and len(v) >= 8)
+            if request.body:
+                data.update(data_secrets(request.body.decode("utf-8", "replace")))
+            for event in exchange.events:
+                data.update(data_secrets(event.data))
+                if event.event == "endpoint":
+                    queries.update(session_and_query_secrets(event.data, ()))
+    return {"session ids": sessions, "query strings": queries, "event data": data}
+
+
+def test_demo_exports_carry_no_session_id_event_data_or_query(demo_run):
+    wires, exported, telemetry = demo_run
+    secrets = wire_secrets(wires)
+    # the run had something to leak, and the exports have something to search
+    assert len(secrets["session ids"]) >= 5, secrets["session ids"]
+    assert secrets["query strings"] and len(secrets["event data"]) >= 20
+    assert telemetry.spans.get_finished_spans() and telemetry.gap_kinds()
+    assert '"mcp.session.id"' in exported["spans"]  # present, and hashed
+    for kind, values in secrets.items():
+        assert leaks(exported, values) == [], f"{kind} leaked into the exports"
+
+
+def test_demo_metric_attributes_are_bounded_enums(demo_run):
+    _, _, telemetry = demo_run
+    allowed = {
+        sc.RESUMPTION_OUTCOME: set(sc.OUTCOMES),
+        sc.GAP_KIND: set(sc.GAP_KINDS),
+        sc.MCP_TRANSPORT: {sc.TRANSPORT_SSE, sc.TRANSPORT_STREAMABLE_HTTP},
+        sc.RESUMPTION_PREVIOUS_TRANSPORT: {
+            sc.TRANSPORT_SSE, sc.TRANSPORT_STREAMABLE_HTTP, sc.NO_PREVIOUS_TRANSPORT},
+        sc.SERVER_ADDRESS: {"127.0.0.1", "localhost"},
+    }
+    for name, *_ in (sc.ATTEMPTS, sc.GAPS, sc.DURATION, sc.REPLAYED_EVENTS, sc.STREAM_EVENTS,
+                     sc.EVICTED_STREAMS):
+        for point in telemetry.points(name):
+            for key, value in point.attributes.items():
+                assert key in allowed and value in allowed[key], (name, key, value)
+
+
+# ------------------------------------------------- planted secrets, real path
+
+PLANTED_SESSION = "SESSION-5ecret-7f3a9c"
+PLANTED_LEGACY = "LEGACY-5ecret-c0ffee"
+PLANTED_DATA = "PAYLOAD-5ecret-credit-card-4111"
+PLANTED_QUERY = "token=QUERY-5ecret-bearer"
+
+
+@pytest.mark.parametrize("policy", ["default", "raw"])
+def test_planted_secrets_stay_out_of_every_export(policy):
+    """A legacy stream (session in the endpoint's query), POSTs with the
+    session in the query, a streamable session, secrets in every event's
+    data; resumes that gap and resumes that do not.  The control: asked for
+    raw session ids, the scan finds them (and nothing else)."""
+    server = RawServer()
+    telemetry = Telemetry()
+    instrumentor = McpResumptionInstrumentor()
+    settings = {"session_id": "raw"} if policy == "raw" else {}
+    instrumentor.instrument(**telemetry.providers(), confirm_timeout=60, **settings)
+    sse = (b"content-type", b"text/event-stream")
+    endpoint = f"/messages/?session_id={PLANTED_LEGACY}&{PLANTED_QUERY}"
+    note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                       "params": {"data": PLANTED_DATA}})
+    answer = json.dumps({"jsonrpc": "2.0", "id": 7, "result": {"text": PLANTED_DATA}})
+    server.reply("/sse", Reply(head(200, [sse]), (
+        block(None, endpoint, event="endpoint"), block("41", note), block("42", answer))))
+    server.reply("/messages/", Reply(head(202, [(b"content-length", b"0")])))
+    session = [sse, (b"mcp-session-id", PLANTED_SESSION.encode())]
+    server.reply("/mcp", Reply(head(200, session), (block("e-1", note), block("e-2", note))))
+    server.reply("/mcp/reset", Reply(head(200, session), (block("e-1", note),)))
+    server.reply("/mcp/fresh", Reply(head(200, [sse, (b"mcp-session-id", b"FRESH-5ecret-x")]),
+                                     (block("1", answer),)))
+    server.reply("/mcp/faithful", Reply(head(200, session), (block("e-3", note),)))
+    try:
+        consume("httpx-sse", server.url + "/sse", headers=[ACCEPT])
+        body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                           "params": {"arguments": {"q": PLANTED_DATA}}}).encode()
+        consume("httpx2", server.url + endpoint, method="POST", body=body,
+                headers=[(b"content-type", b"application/json")])
+        consume("httpx2-async", server.url + "/mcp/fresh?" + PLANTED_QUERY,
+                headers=[ACCEPT, (b"last-event-id", b"42")])
+        mcp = [ACCEPT, (b"mcp-session-id", PLANTED_SESSION.encode())]
+        consume("httpx-sse-async", server.url + "/mcp?" + PLANTED_QUERY, headers=mcp)
+        consume("httpx2", server.url + "/mcp/reset", headers=[*mcp, (b"last-event-id", b"e-2")])
+        consume("httpx-sse", server.url + "/mcp", headers=mcp)
+        consume("httpx-sse", server.url + "/mcp/faithful",
+                headers=[*mcp, (b"last-event-id", b"e-2")])
+        exported = exports(telemetry)
+    finally:
+        instrumentor.uninstrument()
+        telemetry.shutdown()
+        server.close()
+    assert telemetry.gap_kinds(), "the run produced gaps (and their messages)"
+    assert "resumed" in telemetry.outcomes()
+    planted = {PLANTED_SESSION, PLANTED_LEGACY, PLANTED_DATA, PLANTED_QUERY, "FRESH-5ecret-x"}
+    if policy == "default":
+        assert leaks(exported, planted | {"5ecret"}) == []
+    else:
+        assert leaks(exported, planted) == [
+            ("spans", "FRESH-5ecret-x"), ("spans", PLANTED_LEGACY), ("spans", PLANTED_SESSION)]
+
+
+# ------------------------------------------------------------ cardinality
+
+BEHAVIOURS = ("faithful", "reset", "fresh", "empty", "rejected", "primed", "inclusive")
+
+
+def _session_round(processor: ContinuityProcessor, n: int, behaviour: str, host: str) -> None:
+    """One session through the processor's own entry points, as the patches
+    drive them: a stream that breaks, then a resume that ``behaviour``s."""
+    server = f"{host}:443"
+    session = f"cardinality-session-{n}"
+    stream = f"stream{n}"  # an event id prefix of its own, not the session id
+    facts = RequestFacts("GET", server, host, session_id=session)
+    context = processor.end_request(facts, processor.begin_request(facts), 200, session, True)
+    for k in range(1, 4):
+        processor.event(context, "message", f"{stream}:e-{k}", f'{{"n": {k}}}')
+        processor.asked_next(context)
+    processor.ended(context, "a read error (RemoteProtocolError)")
+    resume_facts = RequestFacts("GET", server, host, last_event_id=f"{stream}:e-3",
+                                session_id=session, protocol_version="2025-11-25")
+    resume = processor.begin_request(resume_facts)
+    status = 404 if behaviour == "rejected" else 200
+    answered = f"{session}-fresh" if behaviour == "fresh" else session
+    context = processor.end_request(resume_facts, resume, status, answered, status == 200)
+    if context is None:
+        return
+    replay = {
+        "faithful": [("e-4", '{"n": 4}')], "reset": [("e-1", '{"n": 9}')],
+        "fresh": [("e-1", '{"n": 1}')], "empty": [], "primed": [("e-4", "")],
+        "inclusive": [("e-3", '{"n": 3}'), ("e-4", '{"n": 4}')],
+    }[behaviour]
+    for event_id, data in replay:
+        processor.event(context, "message", f"{stream}:{event_id}", data)
+        processor.asked_next(context)
+    processor.ended(context, "the stream ended")
+
+
+def test_10000_sessions_leave_a_bounded_number_of_attribute_sets():
+    telemetry = Telemetry()
+    processor = ContinuityProcessor(tracer_provider=telemetry.tracer_provider,
+                                    meter_provider=telemetry.meter_provider,
+                                    logger_provider=telemetry.logger_provider,
+                                    confirm_timeout=60)
+    rng = random.Random(10_000)
+    names = (sc.ATTEMPTS[0], sc.GAPS[0], sc.DURATION[0], sc.REPLAYED_EVENTS[0],
+             sc.STREAM_EVENTS[0], sc.EVICTED_STREAMS[0])
+
+    def attribute_sets() -> dict[str, int]:
+        return {
+            name: len({frozenset(p.attributes.items()) for p in telemetry.points(name)})
+            for name in names
+        }
+
+    try:
+        for n in range(1000):
+            _session_round(processor, n, rng.choice(BEHAVIOURS), rng.choice(("a.example", "b")))
+        after_1000 = attribute_sets()
+        for n in range(1000, 10_000):
+            _session_round(processor, n, rng.choice(BEHAVIOURS), rng.choice(("a.example", "b")))
+        after_10000 = attribute_sets()
+        exported = exports(telemetry)
+    finally:
+        processor.shutdown()
+        telemetry.shutdown()
+    assert after_10000 == after_1000, "new sessions made new attribute sets"
+    # outcomes x transport x previous transport x hosts, kinds x transport x hosts, ...
+    assert after_10000[sc.ATTEMPTS[0]] <= 6 * 1 * 2 * 2
+    assert after_10000[sc.GAPS[0]] <= 8 * 1 * 2
+    assert after_10000[sc.STREAM_EVENTS[0]] <= 2
+    assert after_10000[sc.EVICTED_STREAMS[0]] <= 1
+    assert sum(telemetry.outcomes().values()) == 10_000
+    assert len(telemetry.spans.get_finished_spans()) == 10_000
+    assert leaks(exported, ["cardinality-session"]) == []
