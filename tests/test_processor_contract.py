@@ -197,3 +197,15 @@ def test_stream_events_are_counted_exactly(server, telemetry):
         assert 100 - 64 < counted() <= 100, "an open stream's count lags by a batch at most"
         assert len(list(events)) == 50
     assert counted() == 150
+
+
+def test_an_httpx2_without_event_source_leaves_the_rest_instrumented(
+    server, telemetry, monkeypatch
+):
+    import httpx2
+
+    monkeypatch.delattr(httpx2, "EventSource")  # as in httpx2 < 2.5
+    with telemetry.instrumented():
+        ids = seed_000_client(server)
+    assert ids[-2:] == ["1", "2"]
+    assert telemetry.gap_kinds() == {"session_changed": 1, "id_regression": 1}

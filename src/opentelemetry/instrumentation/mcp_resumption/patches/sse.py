@@ -11,6 +11,7 @@ precondition of the drain race.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -19,6 +20,8 @@ from wrapt import wrap_function_wrapper
 
 from . import active, guarded
 from .http import reading, streams
+
+_logger = logging.getLogger(__name__)
 
 
 def _response_of(event_source: Any) -> Any:
@@ -148,9 +151,15 @@ def instrument(module_names: tuple[str, ...]) -> list[tuple[Any, str]]:
     for module_name in module_names:
         module = __import__(module_name)
         for target, wrapper in TARGETS[module_name]:
-            wrap_function_wrapper(module_name, target, wrapper)
             class_name, method = target.split(".")
-            patched.append((getattr(module, class_name), method))
+            owner = getattr(module, class_name, None)
+            if owner is None or not hasattr(owner, method):
+                # httpx2 before 2.5 has no EventSource: its HTTP facts are still
+                # observed, and the other libraries' events too.
+                _logger.debug("%s has no %s; its SSE events are not observed", module_name, target)
+                continue
+            wrap_function_wrapper(module_name, target, wrapper)
+            patched.append((owner, method))
     return patched
 
 
