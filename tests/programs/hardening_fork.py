@@ -70,6 +70,12 @@ def observe(telemetry: Telemetry, who: str) -> dict:
     }
 
 
+def report(line: dict) -> None:
+    """One write(2) per line: parent and child share the pipe and print at
+    the same moment, and print() may split a line into two writes."""
+    os.write(1, (json.dumps(line) + "\n").encode())
+
+
 def stuck_locks(processor) -> list[str]:
     """The locks this process cannot take within 2 s (held by a thread that
     did not survive the fork, they would block the next call for ever)."""
@@ -89,7 +95,7 @@ def main() -> int:
     instrumentor = McpResumptionInstrumentor()
     instrumentor.instrument(**telemetry.providers(), confirm_timeout=0.2)
     processor = instrumentor.processor
-    print(json.dumps(observe(telemetry, "parent-before")), flush=True)
+    report(observe(telemetry, "parent-before"))
 
     # Another thread inside the instrumentation (holding a lock) while we fork.
     lock = processor.tracker._lock if held == "tracker" else processor._deadlines._cv
@@ -113,10 +119,10 @@ def main() -> int:
             telemetry.logs.clear()
             stuck = stuck_locks(processor)
             if stuck:
-                print(json.dumps({"who": "child", "stuck": stuck}), flush=True)
+                report({"who": "child", "stuck": stuck})
                 code = 5
             else:
-                print(json.dumps(observe(telemetry, "child")), flush=True)
+                report(observe(telemetry, "child"))
         except BaseException:
             traceback.print_exc()
             code = 1
@@ -126,7 +132,7 @@ def main() -> int:
             os._exit(code)
     release.set()
     holder.join(10)
-    print(json.dumps(observe(telemetry, "parent-after")), flush=True)
+    report(observe(telemetry, "parent-after"))
     deadline = time.monotonic() + CHILD_TIMEOUT
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -135,7 +141,7 @@ def main() -> int:
         if time.monotonic() > deadline:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
-            print(json.dumps({"who": "child", "deadlocked": True}), flush=True)
+            report({"who": "child", "deadlocked": True})
             return 3
         time.sleep(0.05)
     instrumentor.uninstrument()
