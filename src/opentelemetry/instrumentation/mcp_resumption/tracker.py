@@ -9,9 +9,12 @@ of each event's data, and the ledger of JSON-RPC requests still in flight.
 
 Memory is bounded: at most ``max_streams`` streams and as many sessions (the
 least recently used is dropped and the drop counted), a fixed window of ids
-and a fixed ledger per session.  Every public method takes one lock, does a
-few dictionary operations and returns; no I/O is done under the lock, so the
-tracker is safe to call from many threads and from asyncio.
+and a fixed ledger per session.  Every public method but ``event_consumed``
+(a flag) takes one lock, does a few dictionary operations and returns; no
+I/O is done under the lock, so the tracker is safe to call from many threads
+and from asyncio.  Per event it only records the raw id: ids are parsed, and
+the index of cursors is brought up to date, when a stream opens, which is
+when a client can present a cursor.
 """
 
 from __future__ import annotations
@@ -23,11 +26,10 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .continuity import (
     Cursor,
-    EventId,
     Gap,
     ObservedEvent,
     ReplayContract,
@@ -56,44 +58,74 @@ def _bounded(event_id: str | None) -> str | None:
     return f"{event_id[:64]}...sha256:{digest}"
 
 
-@dataclass
 class Session:
-    server: str
-    session_id: str | None
-    seen: OrderedDict[str, int] = field(default_factory=OrderedDict)
-    # request key -> (method, lineage of the stream its response must come on;
-    # None where any stream of the session may carry it, as in legacy SSE)
-    pending: dict[str, tuple[str, int | None]] = field(default_factory=dict)
-    sent: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    sent_overflowed: bool = False
-    # A stream of this session was dropped (or the session is a new record
-    # for a key whose older one may have been): its cursors can be gone.
-    history_lost: bool = False
+    """What the rules need of one session, shared by its streams."""
 
-    def remember(self, event_id: EventId, digest: int) -> None:
-        self.seen[event_id.raw] = digest
-        self.seen.move_to_end(event_id.raw)
-        if len(self.seen) > SEEN_WINDOW:
-            self.seen.popitem(last=False)
+    __slots__ = ("history_lost", "pending", "seen", "sent", "sent_overflowed", "server",
+                 "session_id")
+
+    def __init__(self, server: str, session_id: str | None, history_lost: bool = False) -> None:
+        self.server = server
+        self.session_id = session_id
+        # event id -> digest of its data, oldest first (a plain dict is
+        # insertion-ordered and a third the size of an OrderedDict)
+        self.seen: dict[str, int] = {}
+        # request key -> (method, lineage of the stream its response must come
+        # on; None where any stream of the session may carry it, as in legacy
+        # SSE); None until the first request, as most sessions hold few
+        self.pending: dict[str, tuple[str, int | None]] | None = None
+        # request keys sent, oldest first; a list because it is appended to
+        # per request and searched only at a resume
+        self.sent: list[str] | None = None
+        self.sent_overflowed = False
+        # A stream of this session was dropped (or the session is a new record
+        # for a key whose older one may have been): its cursors can be gone.
+        self.history_lost = history_lost
+
+    def remember(self, event_id: str, digest: int) -> None:
+        seen = self.seen
+        if event_id in seen:
+            del seen[event_id]  # to the newest end
+        seen[event_id] = digest
+        if len(seen) > SEEN_WINDOW:
+            seen.pop(next(iter(seen)), None)
 
     def sent_here(self, request_key: str) -> bool:
         # A ledger that has forgotten ids cannot prove a response foreign.
-        return self.sent_overflowed or request_key in self.sent
+        return self.sent_overflowed or (self.sent is not None and request_key in self.sent)
+
+    def answered(self, request_keys: Iterable[str]) -> None:
+        pending = self.pending
+        if pending:
+            for key in request_keys:
+                pending.pop(key, None)
+            if not pending:
+                self.pending = None  # an emptied dict keeps its table
 
 
 class Stream:
-    """One SSE response body; a resumed one continues its cursor's lineage."""
+    """One SSE response body; a resumed one continues its cursor's lineage.
+
+    Event ids are kept as the raw strings the server sent and parsed only
+    at a resume: the per-event path does no parsing.  ``taken`` says the
+    application asked for the event after ``last_received``; the tracker
+    folds it into ``last_consumed`` under its lock (see ``Tracker._settle``),
+    so that marking it costs the reader no lock.
+    """
 
     __slots__ = (
         "carries",
         "check",
+        "dirty",
         "ended",
+        "indexed",
         "key",
         "last_consumed",
         "last_received",
         "lineage",
         "server",
         "session",
+        "taken",
         "transport",
         "unconsumed_responses",
     )
@@ -104,12 +136,17 @@ class Stream:
         self.transport = transport
         self.session = session
         self.lineage = key
-        self.last_received: EventId | None = None
-        self.last_consumed: EventId | None = None
+        self.last_received: str | None = None
+        self.last_consumed: str | None = None
+        self.taken = False
         self.unconsumed_responses: tuple[str, ...] = ()
         self.check: ResumeCheck | None = None
-        self.carries: frozenset[str] = frozenset()
+        self.carries: tuple[str, ...] = ()
         self.ended = False
+        # Waiting in Tracker._dirty to have its cursors indexed; the ids it
+        # is indexed under now.
+        self.dirty = False
+        self.indexed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,7 +158,7 @@ class Step:
     verdict: Verdict | None = None
 
 
-_NOTHING = Step()
+NOTHING = Step()  # what most observations produce; compared by identity
 
 # A fork copies the lock as it is: held, if another thread was inside the
 # tracker at that moment, and then held for ever in the child.
@@ -151,10 +188,13 @@ class Tracker:
         self._keys = itertools.count(1)
         self._streams: OrderedDict[int, Stream] = OrderedDict()
         self._sessions: OrderedDict[tuple[str, str | None], Session] = OrderedDict()
-        # (server, event id) -> the streams whose last received or consumed
-        # event it is, most recent last: the cursors a client may present on
-        # reconnect.  Several when sessions count their ids separately.
-        self._cursors: dict[tuple[str, str], dict[int, Stream]] = {}
+        # (server, event id) -> the stream, or {key: stream} for several, whose
+        # last received or consumed event it is, most recent last: the cursors
+        # a client may present on reconnect.  Several when sessions count their
+        # ids separately.  Brought up to date only where it is read (a new
+        # stream, an eviction): per event, a stream is just marked dirty.
+        self._cursors: dict[tuple[str, str], Stream | dict[int, Stream]] = {}
+        self._dirty: list[Stream] = []
         _trackers.add(self)
 
     # ------------------------------------------------------------ queries
@@ -175,11 +215,15 @@ class Tracker:
         with self._lock:
             session = self._session(server, session_id)
             for key, method in requests:
+                if session.pending is None:
+                    session.pending = {}
                 if len(session.pending) < MAX_REQUESTS:
                     session.pending[key] = (method, None)
-                session.sent[key] = None
+                if session.sent is None:
+                    session.sent = []
+                session.sent.append(key)
                 if len(session.sent) > SENT_WINDOW:
-                    session.sent.popitem(last=False)
+                    del session.sent[0]
                     session.sent_overflowed = True
 
     # ----------------------------------------------------------- streams
@@ -200,60 +244,62 @@ class Tracker:
         request's); ``request_session_id``, the session the request named,
         is the one the client says its cursor belongs to (default: the
         stream's), and the cursor is looked up there."""
-        cursor_id = parse_event_id(_bounded(last_event_id))
+        cursor = _bounded(last_event_id) or None
         claimed = request_session_id if request_session_id is not None else session_id
         with self._lock:
-            previous = self._cursor_owner(server, cursor_id, claimed)
+            self._flush()
+            previous = self._cursor_owner(server, cursor, claimed) if cursor else None
             if previous is not None and previous.session.session_id is not None:
                 session = previous.session
             else:
                 session = self._session(server, session_id)
             stream = Stream(next(self._keys), server, transport, session)
             self._admit(stream)
-            stream.carries = frozenset(carries)
-            for key in stream.carries:
-                if key in session.pending:
-                    session.pending[key] = (session.pending[key][0], stream.lineage)
-            if cursor_id is not None:
-                stream.check = self._begin_resume(stream, cursor_id, previous, claimed)
+            stream.carries = tuple(carries)
+            pending = session.pending
+            if pending:
+                for key in stream.carries:
+                    if key in pending:
+                        pending[key] = (pending[key][0], stream.lineage)
+            if cursor is not None:
+                stream.check = self._begin_resume(stream, cursor, previous, claimed)
             return stream
 
     def _begin_resume(
         self,
         stream: Stream,
-        cursor_id: EventId,
+        cursor_raw: str,
         previous: Stream | None,
         request_session_id: str | None,
     ) -> ResumeCheck:
+        cursor_id = parse_event_id(cursor_raw)
         if previous is None:
             # Evicted or never seen: the request's own session header is the
             # only binding left, and nothing else can be proven.
             cursor = Cursor(cursor_id, session_id=request_session_id)
             return ResumeCheck(cursor, self.contract)
+        self._settle(previous)
         previous.ended = True
         stream.lineage = previous.lineage
         session = previous.session
-        unconsumed = (
-            previous.last_received is not None
-            and previous.last_received.raw == cursor_id.raw
-            and (previous.last_consumed is None or previous.last_consumed.raw != cursor_id.raw)
-        )
+        unconsumed = previous.last_received == cursor_raw and previous.last_consumed != cursor_raw
         cursor = Cursor(
             cursor_id,
             session_id=session.session_id,
             known=True,
             consumed=not unconsumed,
-            digest=session.seen.get(cursor_id.raw),
+            digest=session.seen.get(cursor_raw),
             transport=previous.transport,
         )
         pending: dict[str, str] = {}
-        for key, (method, lineage) in list(session.pending.items()):
-            if lineage is None or lineage == previous.lineage:
-                pending[key] = method
-                del session.pending[key]
+        if session.pending:
+            for key, (method, lineage) in session.pending.items():
+                if lineage is None or lineage == previous.lineage:
+                    pending[key] = method
+            session.answered(pending)  # they are the resume's to settle now
+        carrier = parse_event_id(previous.last_received)
         unconsumed_responses = {
-            key: (pending.pop(key, ""), previous.last_received)
-            for key in previous.unconsumed_responses
+            key: (pending.pop(key, ""), carrier) for key in previous.unconsumed_responses
         }
         return ResumeCheck(
             cursor,
@@ -270,66 +316,90 @@ class Tracker:
             if stream.session.session_id == session_id:
                 return
             old = stream.session
-            stream.session = self._session(stream.server, session_id)
-            stream.session.pending.update(old.pending)
+            stream.session = new = self._session(stream.server, session_id)
+            if old.pending:
+                if new.pending is None:
+                    new.pending = {}
+                new.pending.update(old.pending)
             for event_id, digest in old.seen.items():
-                stream.session.seen[event_id] = digest
+                new.remember(event_id, digest)
 
     def response(self, stream: Stream, status: int, session_id: str | None) -> Step:
         """The reconnect was answered (for a resume) with ``status``."""
         with self._lock:
             if stream.check is None:
-                return _NOTHING
+                return NOTHING
             check = stream.check
             return self._run(check, lambda: check.on_response(status, session_id))
 
     def event_received(
         self, stream: Stream, event_id: str | None, data: str, digest: int | None = None
     ) -> Step:
-        """An event is handed to the application (it has not consumed it yet)."""
-        parsed = parse_event_id(_bounded(event_id))
+        """An event is handed to the application, which has thereby taken the
+        one before it (it asked for this one) but not yet this one.
+
+        The hot path of the plugin: a few attribute and dict operations under
+        the lock, no parsing unless the stream is a resume under check."""
+        if not event_id:
+            event_id = None
+        elif len(event_id) > MAX_KEPT_ID_LENGTH:
+            event_id = _bounded(event_id)
         if digest is None:
             digest = hash(data)
-        responses = responses_in(data)
+        # Most events on a busy stream are notifications: skip the call.
+        responses = responses_in(data) if '"result"' in data or '"error"' in data else ()
         with self._lock:
-            self._touch(stream)
-            self._consume_locked(stream)
+            if stream.unconsumed_responses:
+                stream.session.answered(stream.unconsumed_responses)
+            if stream.last_received is not None:
+                stream.last_consumed = stream.last_received
+            stream.taken = False
+            step = NOTHING
             check = stream.check
-            step = _NOTHING
             if check is not None:
-                event = ObservedEvent(parsed, digest, not data, responses)
+                event = ObservedEvent(parse_event_id(event_id), digest, not data, responses)
                 step = self._run(check, lambda: check.on_event(event))
-            if parsed is not None:
+            if event_id is not None:
                 if data:  # markers carry no content to compare
-                    stream.session.remember(parsed, digest)
-                self._move_cursor(stream, "last_received", parsed)
+                    stream.session.remember(event_id, digest)
+                stream.last_received = event_id
             stream.unconsumed_responses = responses
+            if not stream.dirty:
+                stream.dirty = True
+                self._dirty.append(stream)
             return step
 
     def event_consumed(self, stream: Stream) -> None:
-        """The application asked for the next event: it took the last one."""
-        with self._lock:
-            self._consume_locked(stream)
+        """The application asked for the next event: it took the last one.
+
+        Takes no lock: a flag the tracker settles under its lock before it
+        reads the stream's cursors (a list append is atomic)."""
+        stream.taken = True
+        if not stream.dirty:
+            stream.dirty = True
+            self._dirty.append(stream)
 
     def stream_ended(self, stream: Stream, reason: str, *, closed_by_client: bool = False) -> Step:
         with self._lock:
+            self._settle(stream)
             if stream.ended and stream.check is None:
-                return _NOTHING
+                return NOTHING
             stream.ended = True
-            if closed_by_client and stream.carries.intersection(stream.unconsumed_responses):
+            if closed_by_client and set(stream.carries).intersection(stream.unconsumed_responses):
                 # A POST stream closed right after the answer to its own
                 # request: the client took it (that is how the MCP SDKs finish
                 # a request), unlike a long-lived stream dropped mid-read.
-                self._consume_locked(stream)
+                stream.taken = True
+                self._settle(stream)
             if stream.check is None:
-                return _NOTHING
+                return NOTHING
             check = stream.check
             return self._run(check, lambda: check.on_end(reason, closed_by_client=closed_by_client))
 
     def timeout(self, stream: Stream, seconds: float) -> Step:
         with self._lock:
             if stream.check is None:
-                return _NOTHING
+                return NOTHING
             check = stream.check
             return self._run(check, lambda: check.on_timeout(seconds))
 
@@ -341,27 +411,77 @@ class Tracker:
         gaps = observe()
         decided = check.verdict if undecided else None
         if not gaps and decided is None:
-            return _NOTHING
+            return NOTHING
         return Step(tuple(gaps), decided)
 
-    def _consume_locked(self, stream: Stream) -> None:
-        received = stream.last_received
-        if received is None or stream.last_consumed is received:
-            stream.unconsumed_responses = ()
+    def _settle(self, stream: Stream) -> None:
+        """Fold a ``taken`` mark into the stream's consumed state."""
+        if not stream.taken:
             return
-        for key in stream.unconsumed_responses:
-            stream.session.pending.pop(key, None)
-        stream.unconsumed_responses = ()
-        self._move_cursor(stream, "last_consumed", received)
+        stream.taken = False
+        if stream.unconsumed_responses:
+            stream.session.answered(stream.unconsumed_responses)
+            stream.unconsumed_responses = ()
+        if stream.last_received is not None:
+            stream.last_consumed = stream.last_received
 
-    def _cursor_owner(
-        self, server: str, cursor_id: EventId | None, session_id: str | None
-    ) -> Stream | None:
-        owners = self._cursors.get((server, cursor_id.raw)) if cursor_id else None
-        if not owners:
+    def _flush(self) -> None:
+        """Bring the cursor index and the LRU order up to date with the
+        streams that received or consumed events since the last flush."""
+        dirty = self._dirty
+        streams = self._streams
+        while dirty:
+            stream = dirty.pop()
+            stream.dirty = False
+            self._settle(stream)
+            if streams.get(stream.key) is not stream:
+                continue  # evicted: its cursors are gone with it
+            streams.move_to_end(stream.key)
+            received, consumed = stream.last_received, stream.last_consumed
+            if received is None:
+                wanted: tuple[str, ...] = ()
+            elif consumed is None or consumed == received:
+                wanted = (received,)
+            else:
+                wanted = (consumed, received)
+            if wanted == stream.indexed:
+                continue
+            for event_id in stream.indexed:
+                if event_id not in wanted:
+                    self._unindex(stream, event_id)
+            for event_id in wanted:
+                self._index(stream, event_id)
+            stream.indexed = wanted
+
+    def _index(self, stream: Stream, event_id: str) -> None:
+        key = (stream.server, event_id)
+        owners = self._cursors.get(key)
+        if owners is None:
+            self._cursors[key] = stream
+        elif isinstance(owners, Stream):
+            if owners is not stream:
+                self._cursors[key] = {owners.key: owners, stream.key: stream}
+        else:
+            owners.pop(stream.key, None)
+            owners[stream.key] = stream
+
+    def _unindex(self, stream: Stream, event_id: str) -> None:
+        key = (stream.server, event_id)
+        owners = self._cursors.get(key)
+        if owners is stream:
+            del self._cursors[key]
+        elif isinstance(owners, dict):
+            owners.pop(stream.key, None)
+            if len(owners) == 1:  # back to the common case: one owner, no dict
+                self._cursors[key] = next(iter(owners.values()))
+
+    def _cursor_owner(self, server: str, cursor: str, session_id: str | None) -> Stream | None:
+        owners = self._cursors.get((server, cursor))
+        if owners is None:
             return None
+        candidates = [owners] if isinstance(owners, Stream) else list(owners.values())
         if session_id is not None:
-            for stream in reversed(owners.values()):
+            for stream in reversed(candidates):
                 if stream.session.session_id == session_id:
                     return stream
             # Another session's stream holds an equal id.  That binds the
@@ -371,26 +491,9 @@ class Tracker:
             if named is None:
                 if self.evicted_sessions:
                     return None  # it may have been dropped with its streams
-            elif named.history_lost or cursor_id.raw in named.seen:
+            elif named.history_lost or cursor in named.seen:
                 return None
-        return next(reversed(owners.values()))
-
-    def _move_cursor(self, stream: Stream, slot: str, event_id: EventId) -> None:
-        old: EventId | None = getattr(stream, slot)
-        setattr(stream, slot, event_id)
-        if old is not None and old.raw != event_id.raw:
-            other = stream.last_consumed if slot == "last_received" else stream.last_received
-            if other is None or other.raw != old.raw:
-                self._forget_cursor(stream, old)
-        owners = self._cursors.setdefault((stream.server, event_id.raw), {})
-        owners.pop(stream.key, None)
-        owners[stream.key] = stream
-
-    def _forget_cursor(self, stream: Stream, event_id: EventId) -> None:
-        key = (stream.server, event_id.raw)
-        owners = self._cursors.get(key)
-        if owners is not None and owners.pop(stream.key, None) is not None and not owners:
-            del self._cursors[key]
+        return candidates[-1]
 
     def _session(self, server: str, session_id: str | None) -> Session:
         key = (server, session_id)
@@ -412,10 +515,6 @@ class Tracker:
             _, dropped = self._streams.popitem(last=False)
             self.evicted_streams += 1
             dropped.session.history_lost = True
-            for event_id in (dropped.last_received, dropped.last_consumed):
-                if event_id is not None:
-                    self._forget_cursor(dropped, event_id)
-
-    def _touch(self, stream: Stream) -> None:
-        if stream.key in self._streams:
-            self._streams.move_to_end(stream.key)
+            for event_id in dropped.indexed:
+                self._unindex(dropped, event_id)
+            dropped.indexed = ()
