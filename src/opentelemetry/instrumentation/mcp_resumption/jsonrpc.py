@@ -16,7 +16,9 @@ def request_key(request_id: object) -> str | None:
     """A stable key for a JSON-RPC id that keeps ``1`` and ``"1"`` apart."""
     if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
         return None
-    return json.dumps(request_id)
+    # Not json.dumps: this runs for every request and response, and only
+    # needs to be unique (a string's key alone starts with a quote).
+    return f'"{request_id}"' if isinstance(request_id, str) else str(request_id)
 
 
 def _messages(text: str | bytes | None) -> list[dict]:

@@ -37,7 +37,7 @@ from opentelemetry import metrics, trace
 from . import config
 from . import semconv as sc
 from .continuity import Gap, GapKind, ResumeCursorRaceError, ResumptionGapError, Verdict
-from .tracker import Step, Stream, Tracker
+from .tracker import NOTHING, Step, Stream, Tracker
 from .version import __version__
 
 _logger = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ _logger = logging.getLogger(__name__)
 # seconds, and when the stream ends.
 EVENTS_BATCH = 64
 EVENTS_BATCH_SECONDS = 1.0
+# Session ids whose keyed hash is remembered (a dict, emptied when full).
+SESSION_HASH_CACHE = 1024
 
 # Request facts for the HTTP client span that the httpx instrumentation
 # opens inside the patched call; read in on_start.
@@ -216,6 +218,7 @@ class ContinuityProcessor(SpanProcessor):
             sc.INSTRUMENTATION_NAME, __version__, logger_provider=logger_provider
         )
         self._hash_key = os.urandom(32)
+        self._session_hashes: dict[str, str] = {}
         self._deadlines = _Deadlines()
 
     # ------------------------------------------------------ SpanProcessor
@@ -242,8 +245,15 @@ class ContinuityProcessor(SpanProcessor):
             return None
         if self.settings.session_id == "raw":
             return session_id
-        digest = hmac.new(self._hash_key, session_id.encode("utf-8", "replace"), hashlib.sha256)
-        return digest.hexdigest()[:16]
+        hashed = self._session_hashes.get(session_id)
+        if hashed is None:
+            # An HMAC per request was a tenth of the plugin's cost per request;
+            # a session sends many.
+            if len(self._session_hashes) >= SESSION_HASH_CACHE:
+                self._session_hashes.clear()
+            digest = hmac.new(self._hash_key, session_id.encode("utf-8", "replace"), hashlib.sha256)
+            hashed = self._session_hashes[session_id] = digest.hexdigest()[:16]
+        return hashed
 
     def request_attributes(self, facts: RequestFacts) -> dict[str, Any]:
         attributes: dict[str, Any] = {}
@@ -345,11 +355,16 @@ class ContinuityProcessor(SpanProcessor):
             if session_id is not None:
                 self.tracker.bind_session(context.stream, session_id)
             return
-        self._apply(context, self.tracker.event_received(context.stream, event_id or None, data))
-        if context.error is not None:
-            raise context.error
+        step = self.tracker.event_received(context.stream, event_id or None, data)
+        if step is not NOTHING:
+            self._apply(context, step)
+            if context.error is not None:
+                raise context.error
 
     def asked_next(self, context: StreamContext) -> None:
+        """The application asked for the next event.  ``event`` implies it for
+        the event before; this is for a read that then ends, fails or is
+        cancelled without one."""
         self.tracker.event_consumed(context.stream)
 
     def ended(self, context: StreamContext, reason: str, *, closed_by_client: bool = False) -> None:

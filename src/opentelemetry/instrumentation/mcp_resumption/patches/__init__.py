@@ -37,21 +37,32 @@ enforced_errors: contextvars.ContextVar[list[ResumptionGapError] | None] = conte
 )
 
 
+def enforced(error: ResumptionGapError) -> None:
+    """A gap error is leaving a patch on purpose (enforce mode)."""
+    raised = enforced_errors.get()
+    if raised is not None:
+        raised.append(error)
+
+
+def fault(site: str) -> None:
+    """Something we got wrong at ``site``: logged once, the host goes on.
+    Call from an ``except`` block."""
+    if site not in _reported:
+        _reported.add(site)
+        _logger.warning(
+            "mcp-resumption: %s failed; continuity checks skip it, the application "
+            "is unaffected",
+            site,
+            exc_info=True,
+        )
+
+
 def guarded(site: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
     try:
         return function(*args, **kwargs)
     except ResumptionGapError as error:
-        raised = enforced_errors.get()
-        if raised is not None:
-            raised.append(error)
+        enforced(error)
         raise
     except Exception:  # the host's call must go on whatever we got wrong
-        if site not in _reported:
-            _reported.add(site)
-            _logger.warning(
-                "mcp-resumption: %s failed; continuity checks skip it, the application "
-                "is unaffected",
-                site,
-                exc_info=True,
-            )
+        fault(site)
         return None

@@ -18,7 +18,8 @@ from typing import Any
 from opentelemetry.instrumentation.utils import unwrap
 from wrapt import wrap_function_wrapper
 
-from . import active, guarded
+from ..continuity import ResumptionGapError
+from . import active, enforced, fault, guarded
 from .http import reading, streams
 
 _logger = logging.getLogger(__name__)
@@ -35,11 +36,30 @@ def _context_for(event_source: Any):
     return streams.get(response) if response is not None else None
 
 
-def _new_id(sse: Any, previous: str | None) -> str | None:
-    # SSE parsers carry the last id over to events that have no `id:` line;
-    # such an event claims no id of its own.
-    event_id = sse.id or None
-    return None if event_id == previous else event_id
+def _asked_next(processor: Any, context: Any, delivered: bool) -> None:
+    # Asking for the next event is taking the last one; an event that arrives
+    # says so itself (``processor.event``), so this is only for reads that
+    # end without one.
+    if delivered:
+        guarded("observing a consumed event", processor.asked_next, context)
+
+
+def _ended(
+    processor: Any,
+    context: Any,
+    response: Any,
+    reason: str,
+    *,
+    delivered: bool = False,
+    closed_by_client: bool = False,
+) -> None:
+    _asked_next(processor, context, delivered)
+    guarded(
+        "observing the stream end", processor.ended, context, reason,
+        closed_by_client=closed_by_client,
+    )
+    # Reported: the response's close that follows has nothing left to tell.
+    streams.pop(response, None)
 
 
 def _observed(
@@ -47,35 +67,40 @@ def _observed(
 ) -> Iterator[Any]:
     previous: str | None = None
     delivered = False
+    event = processor.event
+    response_id = id(response)
     try:
         while True:
-            if delivered:
-                guarded("observing a consumed event", processor.asked_next, context)
-            token = reading.set(id(response))
+            token = reading.set(response_id)
             try:
                 sse = next(events)
             except StopIteration:
-                guarded("observing the stream end", processor.ended, context, "the stream ended")
+                _ended(processor, context, response, "the stream ended", delivered=delivered)
                 return
             except Exception as error:
                 reason = f"a read error ({type(error).__name__})"
-                guarded("observing a stream error", processor.ended, context, reason)
+                _ended(processor, context, response, reason, delivered=delivered)
+                raise
+            except BaseException:  # cancelled while waiting for the next event
+                _asked_next(processor, context, delivered)
                 raise
             finally:
                 reading.reset(token)
-            event_id = _new_id(sse, previous)
-            previous = sse.id or None
-            guarded("observing an event", processor.event, context, sse.event, event_id, sse.data)
+            # SSE parsers carry the last id over to events that have no `id:`
+            # line; such an event claims no id of its own.
+            event_id = sse.id or None
+            try:
+                event(context, sse.event, None if event_id == previous else event_id, sse.data)
+            except ResumptionGapError as error:
+                enforced(error)
+                raise
+            except Exception:  # inline guarded(): this runs for every event
+                fault("observing an event")
+            previous = event_id
             delivered = True
             yield sse
     except GeneratorExit:
-        guarded(
-            "observing a closed stream",
-            processor.ended,
-            context,
-            "closed by the application",
-            closed_by_client=True,
-        )
+        _ended(processor, context, response, "closed by the application", closed_by_client=True)
         raise
     finally:
         close = getattr(events, "close", None)
@@ -88,35 +113,40 @@ async def _aobserved(
 ) -> AsyncIterator[Any]:
     previous: str | None = None
     delivered = False
+    event = processor.event
+    response_id = id(response)
     try:
         while True:
-            if delivered:
-                guarded("observing a consumed event", processor.asked_next, context)
-            token = reading.set(id(response))
+            token = reading.set(response_id)
             try:
                 sse = await events.__anext__()
             except StopAsyncIteration:
-                guarded("observing the stream end", processor.ended, context, "the stream ended")
+                _ended(processor, context, response, "the stream ended", delivered=delivered)
                 return
             except Exception as error:
                 reason = f"a read error ({type(error).__name__})"
-                guarded("observing a stream error", processor.ended, context, reason)
+                _ended(processor, context, response, reason, delivered=delivered)
+                raise
+            except BaseException:  # cancelled while waiting for the next event
+                _asked_next(processor, context, delivered)
                 raise
             finally:
                 reading.reset(token)
-            event_id = _new_id(sse, previous)
-            previous = sse.id or None
-            guarded("observing an event", processor.event, context, sse.event, event_id, sse.data)
+            # SSE parsers carry the last id over to events that have no `id:`
+            # line; such an event claims no id of its own.
+            event_id = sse.id or None
+            try:
+                event(context, sse.event, None if event_id == previous else event_id, sse.data)
+            except ResumptionGapError as error:
+                enforced(error)
+                raise
+            except Exception:  # inline guarded(): this runs for every event
+                fault("observing an event")
+            previous = event_id
             delivered = True
             yield sse
     except GeneratorExit:
-        guarded(
-            "observing a closed stream",
-            processor.ended,
-            context,
-            "closed by the application",
-            closed_by_client=True,
-        )
+        _ended(processor, context, response, "closed by the application", closed_by_client=True)
         raise
     finally:
         aclose = getattr(events, "aclose", None)
