@@ -276,9 +276,9 @@ def _in_process_table(local: dict[str, Any]) -> list[str]:
         f"| {resume['verdict_us']:,.1f} µs | | |",
         f"| resume with {resume['replayed_events']:,} replayed events: whole resume "
         f"| {resume['total_us']:,.0f} µs ({resume['per_event_us']:.2f} µs/event) | | |",
-        f"| CPU per event: processor.event + asked_next (metrics + Tracker) "
+        f"| CPU per event: processor.event (metrics + Tracker) "
         f"| {cpu['processor_us']:.2f} µs | | |",
-        f"| CPU per event: Tracker alone (event_received + event_consumed) "
+        f"| CPU per event: Tracker alone (event_received) "
         f"| {cpu['tracker_us']:.2f} µs | | |",
     ]
 
