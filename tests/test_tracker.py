@@ -376,6 +376,26 @@ def test_pending_request_the_replay_never_answers_is_orphaned():
     assert run.kinds == {"orphaned_request"}
 
 
+
+def test_response_in_an_event_without_id_is_answered_when_consumed():
+    """The answer to tools/call 7 comes in an event with no id of its own,
+    after the client consumed 4819; the client consumes it too.  It is not
+    pending any more, so a faithful resume that does not repeat it is no
+    gap (it was once reported as orphaned)."""
+    t = Tracker()
+    stream = t.open_stream(SERVER, "streamable-http", session_id="s-1")
+    t.request_sent(SERVER, "s-1", requests_in(tools_call(7)))
+    for event_id, data in (("4819", notification(1)), (None, result(7, 2)),
+                           ("4820", notification(3))):
+        t.event_consumed(stream)
+        t.event_received(stream, event_id, data)
+    t.event_consumed(stream)
+    t.stream_ended(stream, "idle proxy timeout")
+    run = resume(t, "4820", [("4821", notification(4))])
+    assert run.kinds == set()
+    assert run.outcome == "resumed"
+
+
 # -------------------------------------------------------------- controls
 
 
