@@ -30,13 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import in_situ
 import memory
 from configs import CONFIGS, configured
 from consumers import POSTS, STREAMS, Sample
 
 HERE = Path(__file__).resolve().parent
 OURS = ("ours", "ours ALWAYS_OFF")
-SECTIONS = ("throughput", "requests", "in-process")
+SECTIONS = ("throughput", "requests", "in-situ", "in-process")
 
 # Targets
 MAX_THROUGHPUT_LOSS = 0.05  # at most 5 % fewer events/s than bare
@@ -180,6 +181,12 @@ async def network(plan: Plan, sections: set[str]) -> dict[str, Any]:
             progress(f"requests: {len(posts)} kinds x {len(CONFIGS)} configs")
             samples = await interleaved(posts, plan.rounds)
             results["requests"] = {b: summarize(s, False) for b, s in samples.items()}
+        if "in-situ" in sections:
+            progress(f"in situ: processor.event timed inside {len(streams)} consumers")
+            results["in_situ"] = {
+                name: await in_situ.event_cost(measure, plan.rounds)
+                for name, measure in streams.items()
+            }
     return results
 
 
@@ -283,12 +290,27 @@ def _in_process_table(local: dict[str, Any]) -> list[str]:
     ]
 
 
+def _in_situ_table(in_situ: dict[str, Any]) -> list[str]:
+    # No verdict: the SSE iterator around the call is not in this figure.
+    lines = [
+        "### The plugin's time per event inside each consumer (processor.event, timed; "
+        "median over rounds)",
+        "",
+        "| consumer | µs per event |",
+        "|---|---:|",
+    ]
+    lines.extend(f"| {bench} | {row['event_us']:.2f} |" for bench, row in in_situ.items())
+    return lines
+
+
 def report(results: dict[str, Any]) -> str:
     tables = []
     if "throughput" in results:
         tables.append(_throughput_table(results["throughput"]))
     if "requests" in results:
         tables.append(_requests_table(results["requests"]))
+    if "in_situ" in results:
+        tables.append(_in_situ_table(results["in_situ"]))
     if "in_process" in results:
         tables.append(_in_process_table(results["in_process"]))
     return "\n\n".join("\n".join(table) for table in tables)
@@ -339,7 +361,7 @@ def main() -> None:
         plan = Plan(**{**plan.__dict__, "rounds": args.rounds})
     started = time.monotonic()
     results: dict[str, Any] = {"environment": environment(plan, args)}
-    if sections & {"throughput", "requests"}:
+    if sections & {"throughput", "requests", "in-situ"}:
         results.update(asyncio.run(network(plan, sections)))
     if "in-process" in sections:
         results["in_process"] = in_process(plan)
