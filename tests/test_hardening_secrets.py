@@ -241,6 +241,54 @@ def test_planted_secrets_stay_out_of_every_export(policy):
             ("spans", "FRESH-5ecret-x"), ("spans", PLANTED_LEGACY), ("spans", PLANTED_SESSION)]
 
 
+
+@pytest.mark.parametrize("policy", ["default", "raw"])
+def test_session_ids_inside_event_ids_are_scrubbed(policy):
+    """Event ids that embed the session id, seed 004's ``s-77:e-104`` shape,
+    for a long and a short session id: the cursor, the first replayed id and
+    the gap messages that quote them carry the session only as the session
+    attribute does.  The control: asked for raw session ids, they are there."""
+    server = RawServer()
+    telemetry = Telemetry()
+    instrumentor = McpResumptionInstrumentor()
+    settings = {"session_id": "raw"} if policy == "raw" else {}
+    instrumentor.instrument(**telemetry.providers(), confirm_timeout=60, **settings)
+    sse = (b"content-type", b"text/event-stream")
+    note = json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}})
+    sessions = {"long": "PREFIXED-5ecret-0b5e55ed", "short": "s-77"}
+    for name, session in sessions.items():
+        answer = head(200, [sse, (b"mcp-session-id", session.encode())])
+        server.reply(f"/{name}", Reply(answer, tuple(
+            block(f"{session}:e-{n}", note) for n in (103, 104))))
+        server.reply(f"/{name}/reset", Reply(answer, (block(f"{session}:e-1", note),)))
+    try:
+        for name, session in sessions.items():
+            headers = [ACCEPT, (b"mcp-session-id", session.encode())]
+            consume("httpx-sse", f"{server.url}/{name}", headers=headers)
+            cursor = (b"last-event-id", f"{session}:e-104".encode())
+            consume("httpx2", f"{server.url}/{name}/reset", headers=[*headers, cursor])
+        exported = exports(telemetry)
+    finally:
+        instrumentor.uninstrument()
+        telemetry.shutdown()
+        server.close()
+    assert telemetry.gap_kinds() == {"id_regression": 2}
+    spans = [s for s in telemetry.spans.get_finished_spans() if s.name == sc.RESUME_SPAN_NAME]
+    cursors = sorted(span.attributes[sc.RESUMPTION_LAST_EVENT_ID] for span in spans)
+    firsts = sorted(span.attributes[sc.RESUMPTION_FIRST_EVENT_ID] for span in spans)
+    if policy == "default":
+        assert leaks(exported, sessions.values()) == []
+        hashed = sorted(span.attributes[sc.MCP_SESSION_ID] for span in spans)
+        # still the counter an operator reads, behind the session as hashed
+        assert cursors == [f"{session}:e-104" for session in hashed]
+        assert firsts == [f"{session}:e-1" for session in hashed]
+    else:
+        assert leaks(exported, sessions.values()) == [
+            ("logs", "PREFIXED-5ecret-0b5e55ed"), ("logs", "s-77"),
+            ("spans", "PREFIXED-5ecret-0b5e55ed"), ("spans", "s-77")]
+        assert cursors == sorted(f"{session}:e-104" for session in sessions.values())
+
+
 # ------------------------------------------------------------ cardinality
 
 BEHAVIOURS = ("faithful", "reset", "fresh", "empty", "rejected", "primed", "inclusive")

@@ -19,10 +19,11 @@ import hmac
 import itertools
 import logging
 import os
+import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -49,6 +50,9 @@ EVENTS_BATCH = 64
 EVENTS_BATCH_SECONDS = 1.0
 # Session ids whose keyed hash is remembered (a dict, emptied when full).
 SESSION_HASH_CACHE = 1024
+# Session ids at least this long are scrubbed from exported text wherever they
+# appear; shorter ones only as a whole token.
+MIN_SCRUBBED_ANYWHERE = 8
 
 # Request facts for the HTTP client span that the httpx instrumentation
 # opens inside the patched call; read in on_start.
@@ -289,13 +293,33 @@ class ContinuityProcessor(SpanProcessor):
             hashed = self._session_hashes[session_id] = digest.hexdigest()[:16]
         return hashed
 
+    def scrub(self, text: str, session_ids: Iterable[str | None]) -> str:
+        """``text`` with each of ``session_ids`` in it written as the session
+        attribute is: event ids may embed the session (``s-77:e-104``), and
+        gap messages quote event ids."""
+        if self.settings.session_id == "raw":
+            return text
+        for session_id in session_ids:
+            if not session_id or session_id not in text:
+                continue
+            replacement = self.session_attribute(session_id) or "<session>"
+            if len(session_id) >= MIN_SCRUBBED_ANYWHERE:
+                text = text.replace(session_id, replacement)
+            else:  # short: only as a whole token, not inside another id's digits
+                token = rf"(?<![A-Za-z0-9]){re.escape(session_id)}(?![A-Za-z0-9])"
+                text = re.sub(token, lambda _, kept=replacement: kept, text)
+        return text
+
     def request_attributes(self, facts: RequestFacts) -> dict[str, Any]:
         attributes: dict[str, Any] = {}
         session = self.session_attribute(facts.session_id or facts.legacy_session_id)
         if session is not None:
             attributes[sc.MCP_SESSION_ID] = session
         if facts.last_event_id is not None:
-            attributes[sc.RESUMPTION_LAST_EVENT_ID] = facts.last_event_id[:128]
+            cursor_session = self.tracker.cursor_session(facts.server, facts.last_event_id)
+            sessions = (facts.session_id, facts.legacy_session_id, cursor_session)
+            last_event_id = self.scrub(facts.last_event_id, sessions)
+            attributes[sc.RESUMPTION_LAST_EVENT_ID] = last_event_id[:128]
         if facts.protocol_version is not None:
             attributes[sc.MCP_PROTOCOL_VERSION] = facts.protocol_version[:32]
         return attributes
@@ -435,10 +459,11 @@ class ContinuityProcessor(SpanProcessor):
 
     def _emit_gap(self, context: StreamContext, gap: Gap) -> None:
         self._gaps.add(1, {sc.GAP_KIND: gap.kind.value, **context.attributes})
+        sessions = self._known_sessions(context)
         attributes: dict[str, Any] = {
             sc.GAP_KIND: gap.kind.value,
-            sc.GAP_EXPECTED: gap.expected,
-            sc.GAP_OBSERVED: gap.observed,
+            sc.GAP_EXPECTED: self.scrub(gap.expected, sessions),
+            sc.GAP_OBSERVED: self.scrub(gap.observed, sessions),
             sc.MCP_TRANSPORT: context.transport,
             sc.SERVER_ADDRESS: context.facts.host,
         }
@@ -452,7 +477,7 @@ class ContinuityProcessor(SpanProcessor):
         span_context = trace.set_span_in_context(span) if span.is_recording() else None
         self._events_logger.emit(
             event_name=sc.GAP_EVENT_NAME,
-            body=gap.message,
+            body=self.scrub(gap.message, sessions),
             attributes=attributes,
             context=span_context,
             severity_number=SeverityNumber.WARN,
@@ -481,13 +506,28 @@ class ContinuityProcessor(SpanProcessor):
             if span.is_recording():
                 span.set_attribute(sc.RESUMPTION_OUTCOME, outcome)
                 span.set_attribute(sc.RESUMPTION_REPLAYED_EVENTS, verdict.replayed_events)
+                sessions = self._known_sessions(context)
                 if verdict.first_event_id is not None:
-                    span.set_attribute(sc.RESUMPTION_FIRST_EVENT_ID, verdict.first_event_id[:128])
+                    first = self.scrub(verdict.first_event_id, sessions)
+                    span.set_attribute(sc.RESUMPTION_FIRST_EVENT_ID, first[:128])
                 if previous:
                     span.set_attribute(sc.RESUMPTION_PREVIOUS_TRANSPORT, previous)
                 if verdict.gaps:
-                    span.set_status(trace.Status(trace.StatusCode.ERROR, verdict.gaps[0].message))
+                    message = self.scrub(verdict.gaps[0].message, sessions)
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, message))
             span.end()
+
+    @staticmethod
+    def _known_sessions(context: StreamContext) -> list[str | None]:
+        check = context.stream.check
+        sessions = [
+            context.facts.session_id,
+            context.facts.legacy_session_id,
+            context.stream.session.session_id,
+        ]
+        if check is not None:
+            sessions += [check.cursor.session_id, check.response_session_id]
+        return sessions
 
     def _report_evictions(self) -> None:
         evicted = self.tracker.evicted_streams

@@ -310,6 +310,16 @@ class Tracker:
             sent_by_session=session.sent_here,
         )
 
+    def cursor_session(self, server: str, last_event_id: str | None) -> str | None:
+        """The session of the stream a cursor would resume, if it is tracked."""
+        cursor = _bounded(last_event_id) or None
+        if cursor is None:
+            return None
+        with self._lock:
+            self._flush()
+            owner = self._cursor_owner(server, cursor, None)
+            return owner.session.session_id if owner is not None else None
+
     def bind_session(self, stream: Stream, session_id: str) -> None:
         """The legacy transport names its session in the ``endpoint`` event."""
         with self._lock:
