@@ -10,10 +10,11 @@ metric attribute sets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
@@ -187,32 +188,44 @@ PLANTED_DATA = "PAYLOAD-5ecret-credit-card-4111"
 PLANTED_QUERY = "token=QUERY-5ecret-bearer"
 
 
+@contextlib.contextmanager
+def observed_server(policy: str) -> Iterator[tuple[RawServer, Telemetry]]:
+    """A raw loopback server and the instrumentation on in-memory providers,
+    session ids hashed (``default``) or ``raw``; all closed afterwards."""
+    server = RawServer()
+    telemetry = Telemetry()
+    instrumentor = McpResumptionInstrumentor()
+    settings = {"session_id": "raw"} if policy == "raw" else {}
+    instrumentor.instrument(**telemetry.providers(), confirm_timeout=60, **settings)
+    try:
+        yield server, telemetry
+    finally:
+        instrumentor.uninstrument()
+        telemetry.shutdown()
+        server.close()
+
+
 @pytest.mark.parametrize("policy", ["default", "raw"])
 def test_planted_secrets_stay_out_of_every_export(policy):
     """A legacy stream (session in the endpoint's query), POSTs with the
     session in the query, a streamable session, secrets in every event's
     data; resumes that gap and resumes that do not.  The control: asked for
     raw session ids, the scan finds them (and nothing else)."""
-    server = RawServer()
-    telemetry = Telemetry()
-    instrumentor = McpResumptionInstrumentor()
-    settings = {"session_id": "raw"} if policy == "raw" else {}
-    instrumentor.instrument(**telemetry.providers(), confirm_timeout=60, **settings)
-    sse = (b"content-type", b"text/event-stream")
-    endpoint = f"/messages/?session_id={PLANTED_LEGACY}&{PLANTED_QUERY}"
-    note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
-                       "params": {"data": PLANTED_DATA}})
-    answer = json.dumps({"jsonrpc": "2.0", "id": 7, "result": {"text": PLANTED_DATA}})
-    server.reply("/sse", Reply(head(200, [sse]), (
-        block(None, endpoint, event="endpoint"), block("41", note), block("42", answer))))
-    server.reply("/messages/", Reply(head(202, [(b"content-length", b"0")])))
-    session = [sse, (b"mcp-session-id", PLANTED_SESSION.encode())]
-    server.reply("/mcp", Reply(head(200, session), (block("e-1", note), block("e-2", note))))
-    server.reply("/mcp/reset", Reply(head(200, session), (block("e-1", note),)))
-    server.reply("/mcp/fresh", Reply(head(200, [sse, (b"mcp-session-id", b"FRESH-5ecret-x")]),
-                                     (block("1", answer),)))
-    server.reply("/mcp/faithful", Reply(head(200, session), (block("e-3", note),)))
-    try:
+    with observed_server(policy) as (server, telemetry):
+        sse = (b"content-type", b"text/event-stream")
+        endpoint = f"/messages/?session_id={PLANTED_LEGACY}&{PLANTED_QUERY}"
+        note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                           "params": {"data": PLANTED_DATA}})
+        answer = json.dumps({"jsonrpc": "2.0", "id": 7, "result": {"text": PLANTED_DATA}})
+        server.reply("/sse", Reply(head(200, [sse]), (
+            block(None, endpoint, event="endpoint"), block("41", note), block("42", answer))))
+        server.reply("/messages/", Reply(head(202, [(b"content-length", b"0")])))
+        session = [sse, (b"mcp-session-id", PLANTED_SESSION.encode())]
+        server.reply("/mcp", Reply(head(200, session), (block("e-1", note), block("e-2", note))))
+        server.reply("/mcp/reset", Reply(head(200, session), (block("e-1", note),)))
+        server.reply("/mcp/fresh", Reply(head(200, [sse, (b"mcp-session-id", b"FRESH-5ecret-x")]),
+                                         (block("1", answer),)))
+        server.reply("/mcp/faithful", Reply(head(200, session), (block("e-3", note),)))
         consume("httpx-sse", server.url + "/sse", headers=[ACCEPT])
         body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                            "params": {"arguments": {"q": PLANTED_DATA}}}).encode()
@@ -227,10 +240,6 @@ def test_planted_secrets_stay_out_of_every_export(policy):
         consume("httpx-sse", server.url + "/mcp/faithful",
                 headers=[*mcp, (b"last-event-id", b"e-2")])
         exported = exports(telemetry)
-    finally:
-        instrumentor.uninstrument()
-        telemetry.shutdown()
-        server.close()
     assert telemetry.gap_kinds(), "the run produced gaps (and their messages)"
     assert "resumed" in telemetry.outcomes()
     planted = {PLANTED_SESSION, PLANTED_LEGACY, PLANTED_DATA, PLANTED_QUERY, "FRESH-5ecret-x"}
@@ -241,37 +250,27 @@ def test_planted_secrets_stay_out_of_every_export(policy):
             ("spans", "FRESH-5ecret-x"), ("spans", PLANTED_LEGACY), ("spans", PLANTED_SESSION)]
 
 
-
 @pytest.mark.parametrize("policy", ["default", "raw"])
 def test_session_ids_inside_event_ids_are_scrubbed(policy):
     """Event ids that embed the session id, seed 004's ``s-77:e-104`` shape,
     for a long and a short session id: the cursor, the first replayed id and
     the gap messages that quote them carry the session only as the session
     attribute does.  The control: asked for raw session ids, they are there."""
-    server = RawServer()
-    telemetry = Telemetry()
-    instrumentor = McpResumptionInstrumentor()
-    settings = {"session_id": "raw"} if policy == "raw" else {}
-    instrumentor.instrument(**telemetry.providers(), confirm_timeout=60, **settings)
-    sse = (b"content-type", b"text/event-stream")
-    note = json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}})
-    sessions = {"long": "PREFIXED-5ecret-0b5e55ed", "short": "s-77"}
-    for name, session in sessions.items():
-        answer = head(200, [sse, (b"mcp-session-id", session.encode())])
-        server.reply(f"/{name}", Reply(answer, tuple(
-            block(f"{session}:e-{n}", note) for n in (103, 104))))
-        server.reply(f"/{name}/reset", Reply(answer, (block(f"{session}:e-1", note),)))
-    try:
+    with observed_server(policy) as (server, telemetry):
+        sse = (b"content-type", b"text/event-stream")
+        note = json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}})
+        sessions = {"long": "PREFIXED-5ecret-0b5e55ed", "short": "s-77"}
+        for name, session in sessions.items():
+            answer = head(200, [sse, (b"mcp-session-id", session.encode())])
+            server.reply(f"/{name}", Reply(answer, tuple(
+                block(f"{session}:e-{n}", note) for n in (103, 104))))
+            server.reply(f"/{name}/reset", Reply(answer, (block(f"{session}:e-1", note),)))
         for name, session in sessions.items():
             headers = [ACCEPT, (b"mcp-session-id", session.encode())]
             consume("httpx-sse", f"{server.url}/{name}", headers=headers)
             cursor = (b"last-event-id", f"{session}:e-104".encode())
             consume("httpx2", f"{server.url}/{name}/reset", headers=[*headers, cursor])
         exported = exports(telemetry)
-    finally:
-        instrumentor.uninstrument()
-        telemetry.shutdown()
-        server.close()
     assert telemetry.gap_kinds() == {"id_regression": 2}
     spans = [s for s in telemetry.spans.get_finished_spans() if s.name == sc.RESUME_SPAN_NAME]
     cursors = sorted(span.attributes[sc.RESUMPTION_LAST_EVENT_ID] for span in spans)
