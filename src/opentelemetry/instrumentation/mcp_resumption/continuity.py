@@ -412,6 +412,18 @@ class ResumeCheck:
             found.extend(self._later_event(event))
         return found
 
+    def event_matters(self, event_id: str | None, digest: int, has_responses: bool) -> bool:
+        """Whether an event can still decide or show anything: every event
+        before the verdict; after it, only a response (answered, or foreign)
+        or an id this session saw with other data.  Lets the caller skip
+        building the event for the rest of a long resumed stream."""
+        if self._ended or self._replaced:
+            return False
+        if self.verdict is None or has_responses:
+            return True
+        previous = self._seen.get(event_id) if event_id is not None else None
+        return previous is not None and previous != digest
+
     def on_end(self, reason: str, *, closed_by_client: bool = False) -> list[Gap]:
         """The stream ended (``reason`` says how) or the client closed it."""
         if self._ended:

@@ -366,7 +366,7 @@ class Tracker:
             stream.taken = False
             step = NOTHING
             check = stream.check
-            if check is not None:
+            if check is not None and check.event_matters(event_id, digest, bool(responses)):
                 event = ObservedEvent(parse_event_id(event_id), digest, not data, responses)
                 step = self._run(check, lambda: check.on_event(event))
             if event_id is not None:
