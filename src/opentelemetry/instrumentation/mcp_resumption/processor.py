@@ -413,7 +413,7 @@ class ContinuityProcessor(SpanProcessor):
             if session_id is not None:
                 self.tracker.bind_session(context.stream, session_id)
             return
-        step = self.tracker.event_received(context.stream, event_id or None, data)
+        step = self.tracker.event_received(context.stream, event_id, data)
         if step is not NOTHING:
             self._apply(context, step)
             if context.error is not None:

@@ -61,8 +61,15 @@ def _bounded(event_id: str | None) -> str | None:
 class Session:
     """What the rules need of one session, shared by its streams."""
 
-    __slots__ = ("history_lost", "pending", "seen", "sent", "sent_overflowed", "server",
-                 "session_id")
+    __slots__ = (
+        "history_lost",
+        "pending",
+        "seen",
+        "sent",
+        "sent_overflowed",
+        "server",
+        "session_id",
+    )
 
     def __init__(self, server: str, session_id: str | None, history_lost: bool = False) -> None:
         self.server = server
