@@ -324,17 +324,19 @@ class ContinuityProcessor(SpanProcessor):
             attributes[sc.MCP_PROTOCOL_VERSION] = facts.protocol_version[:32]
         return attributes
 
-    def begin_request(self, facts: RequestFacts) -> ResumeStart | None:
-        """Called before the request is sent; a resume opens ``mcp.resume``."""
+    def begin_request(
+        self, facts: RequestFacts, attributes: Mapping[str, Any] | None = None
+    ) -> ResumeStart | None:
+        """Called before the request is sent; a resume opens ``mcp.resume``.
+        ``attributes``: ``request_attributes(facts)`` if the caller has them."""
         if facts.last_event_id is None:
             return None
+        if attributes is None:
+            attributes = self.request_attributes(facts)
         span = self._tracer.start_span(
             sc.RESUME_SPAN_NAME,
             kind=SpanKind.INTERNAL,
-            attributes={
-                sc.SERVER_ADDRESS: facts.host,
-                **self.request_attributes(facts),
-            },
+            attributes={sc.SERVER_ADDRESS: facts.host, **attributes},
         )
         return ResumeStart(span, time.monotonic())
 

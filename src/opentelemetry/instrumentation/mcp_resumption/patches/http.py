@@ -94,8 +94,8 @@ def _prepare(args: tuple, kwargs: dict):
     facts = guarded("reading request facts", request_facts, request)
     if facts is None:
         return None
-    resume = guarded("opening the resume span", processor.begin_request, facts)
     attributes = guarded("request attributes", processor.request_attributes, facts)
+    resume = guarded("opening the resume span", processor.begin_request, facts, attributes)
     return processor, facts, resume, attributes
 
 
