@@ -62,12 +62,28 @@ def _ended(
     streams.pop(response, None)
 
 
+def _observe(event: Any, context: Any, sse: Any, previous: str | None) -> str | None:
+    """Reports one event (``event`` is the processor's); returns its id as the
+    parser carries it.  ``guarded()`` written out: this runs for every event."""
+    # SSE parsers carry the last id over to events that have no `id:` line;
+    # such an event claims no id of its own.
+    event_id = sse.id or None
+    try:
+        event(context, sse.event, None if event_id == previous else event_id, sse.data)
+    except ResumptionGapError as error:
+        enforced(error)
+        raise
+    except Exception:  # the host's read goes on whatever we got wrong
+        fault("observing an event")
+    return event_id
+
+
 def _observed(
     events: Iterator[Any], context: Any, processor: Any, response: Any = None
 ) -> Iterator[Any]:
     previous: str | None = None
     delivered = False
-    event = processor.event
+    event = processor.event  # bound once: it runs for every event
     response_id = id(response)
     try:
         while True:
@@ -86,17 +102,7 @@ def _observed(
                 raise
             finally:
                 reading.reset(token)
-            # SSE parsers carry the last id over to events that have no `id:`
-            # line; such an event claims no id of its own.
-            event_id = sse.id or None
-            try:
-                event(context, sse.event, None if event_id == previous else event_id, sse.data)
-            except ResumptionGapError as error:
-                enforced(error)
-                raise
-            except Exception:  # inline guarded(): this runs for every event
-                fault("observing an event")
-            previous = event_id
+            previous = _observe(event, context, sse, previous)
             delivered = True
             yield sse
     except GeneratorExit:
@@ -113,7 +119,7 @@ async def _aobserved(
 ) -> AsyncIterator[Any]:
     previous: str | None = None
     delivered = False
-    event = processor.event
+    event = processor.event  # bound once: it runs for every event
     response_id = id(response)
     try:
         while True:
@@ -132,17 +138,7 @@ async def _aobserved(
                 raise
             finally:
                 reading.reset(token)
-            # SSE parsers carry the last id over to events that have no `id:`
-            # line; such an event claims no id of its own.
-            event_id = sse.id or None
-            try:
-                event(context, sse.event, None if event_id == previous else event_id, sse.data)
-            except ResumptionGapError as error:
-                enforced(error)
-                raise
-            except Exception:  # inline guarded(): this runs for every event
-                fault("observing an event")
-            previous = event_id
+            previous = _observe(event, context, sse, previous)
             delivered = True
             yield sse
     except GeneratorExit:
