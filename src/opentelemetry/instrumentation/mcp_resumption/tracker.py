@@ -366,11 +366,7 @@ class Tracker:
         # Most events on a busy stream are notifications: skip the call.
         responses = responses_in(data) if '"result"' in data or '"error"' in data else ()
         with self._lock:
-            if stream.unconsumed_responses:
-                stream.session.answered(stream.unconsumed_responses)
-            if stream.last_received is not None:
-                stream.last_consumed = stream.last_received
-            stream.taken = False
+            self._take(stream)  # asking for this event took the one before
             step = NOTHING
             check = stream.check
             if check is not None and check.event_matters(event_id, digest, bool(responses)):
@@ -433,8 +429,12 @@ class Tracker:
 
     def _settle(self, stream: Stream) -> None:
         """Fold a ``taken`` mark into the stream's consumed state."""
-        if not stream.taken:
-            return
+        if stream.taken:
+            self._take(stream)
+
+    @staticmethod
+    def _take(stream: Stream) -> None:
+        """The application took the stream's last received event."""
         stream.taken = False
         if stream.unconsumed_responses:
             stream.session.answered(stream.unconsumed_responses)
