@@ -39,6 +39,7 @@ from opentelemetry import metrics, trace
 from . import config
 from . import semconv as sc
 from .continuity import Gap, GapKind, ResumeCursorRaceError, ResumptionGapError, Verdict
+from .deferral import Deferred, collecting
 from .tracker import NOTHING, Step, Stream, Tracker
 from .version import __version__
 
@@ -204,7 +205,7 @@ class _EventTotals:
 
 
 # Objects holding a lock or a thread, made new in a forked child.
-_reset_in_child: weakref.WeakSet[_Deadlines | _EventTotals] = weakref.WeakSet()
+_reset_in_child: weakref.WeakSet[_Deadlines | _EventTotals | Deferred] = weakref.WeakSet()
 
 
 def _reset_after_fork() -> None:
@@ -258,6 +259,8 @@ class ContinuityProcessor(SpanProcessor):
         self._hash_key = os.urandom(32)
         self._session_hashes: dict[str, str] = {}
         self._deadlines = _Deadlines()
+        self._deferred = Deferred()
+        _reset_in_child.add(self._deferred)
 
     # ------------------------------------------------------ SpanProcessor
 
@@ -271,9 +274,11 @@ class ContinuityProcessor(SpanProcessor):
 
     def shutdown(self) -> None:
         self.enabled = False
+        self._deferred.close()
         self._deadlines.close()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
+        self._deferred.run()
         return True
 
     # ------------------------------------------------------ facts in
@@ -350,6 +355,7 @@ class ContinuityProcessor(SpanProcessor):
     ) -> StreamContext | None:
         """The response's headers arrived.  Returns the context of the SSE
         stream to read, or None when there is nothing to follow."""
+        self._deferred.run()  # a stream that ended in a finalizer, before this one opens
         if not event_stream:
             if facts.legacy_session_id and facts.requests and status < 300:
                 # Legacy transport: the answer comes on the session's GET stream.
@@ -369,6 +375,7 @@ class ContinuityProcessor(SpanProcessor):
             carries=[key for key, _ in facts.requests],
         )
         self._report_evictions()  # admitting a stream is what evicts one
+        self._deferred.start()  # its iterator may be finalised by the GC
         context = StreamContext(facts, stream, transport)
         if resume is None:
             return context
@@ -428,6 +435,14 @@ class ContinuityProcessor(SpanProcessor):
         self.tracker.event_consumed(context.stream)
 
     def ended(self, context: StreamContext, reason: str, *, closed_by_client: bool = False) -> None:
+        if collecting():
+            # An iterator finalised by the GC, maybe at an allocation made while
+            # this thread holds the tracker's or the SDK's lock: report later.
+            self._deferred.put(self._ended, context, reason, closed_by_client)
+            return
+        self._ended(context, reason, closed_by_client)
+
+    def _ended(self, context: StreamContext, reason: str, closed_by_client: bool) -> None:
         self._count_events(context)
         self._deadlines.cancel(context.deadline)
         self._apply(
