@@ -3,10 +3,13 @@ budget kept, any number of instrument cycles, setup in any order."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,90 @@ def test_iterators_abandoned_in_a_cycle_never_hang_the_host(raw_server, threshol
     total = threads * iterations
     # every stream's end reported (its one event counted), none lost in a finalizer
     assert json.loads(result.stdout) == {"done": total, "threads": threads, "events": total}
+
+
+# ------------------------------------------------ the SDK's recursion budget
+
+
+class EndlessPolls:
+    """A minimal MCP server that ends every stream after one event with
+    ``retry: 0`` and never answers the tool call: the SDK client reconnects,
+    recursively, until its stack runs out.  Counts the reconnects."""
+
+    def __init__(self) -> None:
+        self.reconnects = 0
+
+    def __call__(self, request) -> Reply:
+        if request.method == "GET":
+            if request.header("last-event-id") is None:
+                return Reply(head(405, ()))  # no standalone stream
+            self.reconnects += 1
+            return self._events(self.reconnects)
+        if request.method != "POST":
+            return Reply(head(200, ()))
+        message = json.loads(request.body)
+        if "id" not in message:
+            return Reply(head(202, ()))
+        if message["method"] == "initialize":
+            result = {
+                "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "endless-polls", "version": "1"},
+            }
+            body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode()
+            headers = [(b"content-type", b"application/json"), (b"mcp-session-id", b"polls-1"),
+                       (b"content-length", str(len(body)).encode())]
+            return Reply(head(200, headers) + body)
+        return self._events(0)
+
+    @staticmethod
+    def _events(n: int) -> Reply:
+        headers = [(b"content-type", b"text/event-stream"), (b"mcp-session-id", b"polls-1")]
+        log = {"jsonrpc": "2.0", "method": "notifications/message",
+               "params": {"level": "info", "data": n}}
+        return Reply(head(200, headers), (block(str(n + 1), json.dumps(log), retry="0"),))
+
+
+def _reconnects_until_the_sdk_gives_up(server, script: EndlessPolls) -> int:
+    import anyio
+    from mcp import ClientSession
+
+    from opentelemetry.instrumentation.mcp_resumption.demo.clients import MCP_MAJOR
+
+    script.reconnects = 0
+
+    async def call() -> None:
+        with contextlib.suppress(Exception):
+            if MCP_MAJOR == 1:
+                from mcp.client.streamable_http import streamablehttp_client
+
+                async with streamablehttp_client(server.url + "/mcp") as (read, write, _), \
+                        ClientSession(read, write) as session:
+                    await session.initialize()
+                    with anyio.move_on_after(60):
+                        await session.call_tool("t", {}, read_timeout_seconds=timedelta(seconds=60))
+            else:
+                from mcp import Client
+                from mcp.client.streamable_http import streamable_http_client
+
+                async with Client(streamable_http_client(server.url + "/mcp"),
+                                  mode="legacy") as client:
+                    with anyio.move_on_after(60):
+                        await client.call_tool("t", {})
+
+    asyncio.run(call())
+    return script.reconnects
+
+
+def test_the_sdk_gives_up_after_as_many_reconnects_instrumented(raw_server, telemetry):
+    """The SDK's reconnection recurses, once per reconnect: the plugin's wrapper
+    must not add to each level's depth (it halved the budget, 960 to 479)."""
+    script = EndlessPolls()
+    raw_server.on("/mcp", script)
+    bare = _reconnects_until_the_sdk_gives_up(raw_server, script)
+    with telemetry.instrumented():
+        instrumented = _reconnects_until_the_sdk_gives_up(raw_server, script)
+    print(f"reconnects before the SDK gave up: bare {bare}, instrumented {instrumented}")
+    assert bare > 100, f"the SDK gave up after {bare} reconnects: not the recursion"
+    assert abs(instrumented - bare) <= 0.05 * bare, (bare, instrumented)
+    assert telemetry.outcomes(), "the reconnects were observed"

@@ -58,21 +58,26 @@ async def _fail_request(ctx: Any, error: ResumptionGapError) -> None:
         await ctx.read_stream_writer.send(message)
 
 
-async def _reconnect(wrapped, instance, args, kwargs):
+def _reconnect(wrapped, instance, args, kwargs):
+    # Not a coroutine function itself: the SDK's reconnection recurses, once
+    # per reconnect, and an async wrapper would add a frame to every level,
+    # halving the number of reconnects the SDK can make before its stack runs
+    # out.  Only the outermost call of a request gets a frame of ours.
     raised = enforced_errors.get()
+    if raised is None:
+        return _outermost(wrapped, args, kwargs)
     if raised:
         # A gap was enforced on this request's stream: do not resume it again.
-        ctx = args[0] if args else kwargs.get("ctx")
-        await _fail_request(ctx, raised[0])
-        return None
-    if raised is not None:
-        return await wrapped(*args, **kwargs)
+        return _fail_request(args[0] if args else kwargs.get("ctx"), raised[0])
+    return wrapped(*args, **kwargs)
+
+
+async def _outermost(wrapped, args, kwargs):
     token = enforced_errors.set([])
     try:
         return await wrapped(*args, **kwargs)
     except ResumptionGapError as error:  # 2.x lets it out of an explicit resumption
-        ctx = args[0] if args else kwargs.get("ctx")
-        await _fail_request(ctx, error)
+        await _fail_request(args[0] if args else kwargs.get("ctx"), error)
         return None
     finally:
         enforced_errors.reset(token)
