@@ -232,3 +232,28 @@ def test_exit_with_streams_open(raw_server):
             if process.poll() is None:
                 process.kill()
         raw_server.release()
+
+
+def test_any_number_of_cycles_on_the_same_providers(url):
+    """Every cycle counts, in every metric (the observable event counter the SDK
+    hands back is the first cycle's), and one hook alone sits on the provider,
+    whatever the number of cycles (it was one processor per cycle)."""
+    import threading
+
+    telemetry = Telemetry()
+    instrumentor = McpResumptionInstrumentor()
+    processors = list(telemetry.tracer_provider._active_span_processor._span_processors)
+    cycles = 12
+    for cycle in range(cycles):
+        instrumentor.instrument(**telemetry.providers())
+        try:
+            _break_and_reset(f"cycles-{cycle}".encode())
+        finally:
+            instrumentor.uninstrument()
+        assert sum(telemetry.counts("mcp.client.stream.events").values()) == 4 * (cycle + 1)
+    assert telemetry.gap_kinds() == {"id_regression": cycles}
+    assert telemetry.outcomes() == {"gap": cycles}
+    added = telemetry.tracer_provider._active_span_processor._span_processors[len(processors):]
+    assert len(added) == 1, added
+    workers = [t.name for t in threading.enumerate() if t.name.startswith("mcp-resumption")]
+    assert len(workers) <= 2, f"threads of earlier cycles still run: {workers}"

@@ -28,8 +28,6 @@ from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from opentelemetry import trace
-
 from . import config
 from .continuity import (
     ResumeCursorRaceError,
@@ -92,20 +90,18 @@ class McpResumptionInstrumentor(BaseInstrumentor):
             self._remove()
 
     def _install(self, **kwargs: Any) -> None:
-        tracer_provider = kwargs.get("tracer_provider") or trace.get_tracer_provider()
         processor = kwargs.get("processor")
         if processor is None:
             settings = config.load(
                 {key: kwargs.get(key) for key in config.Settings.__dataclass_fields__}
             )
             processor = ContinuityProcessor(
-                tracer_provider=tracer_provider,
+                tracer_provider=kwargs.get("tracer_provider"),
                 meter_provider=kwargs.get("meter_provider"),
                 logger_provider=kwargs.get("logger_provider"),
                 settings=settings,
             )
-        if hasattr(tracer_provider, "add_span_processor"):
-            tracer_provider.add_span_processor(processor)
+        processor.attach()
         processor.enabled = True
         self.processor = processor
         active.processor = processor
@@ -120,7 +116,6 @@ class McpResumptionInstrumentor(BaseInstrumentor):
         self._remove()
 
     def _remove(self) -> None:
-        # The SDK cannot remove a span processor: switch it off instead.
         if self.processor is not None:
             self.processor.shutdown()
         active.processor = None

@@ -36,7 +36,7 @@ from opentelemetry.trace import SpanKind
 
 from opentelemetry import metrics, trace
 
-from . import config
+from . import config, span_hook
 from . import semconv as sc
 from .continuity import Gap, GapKind, ResumeCursorRaceError, ResumptionGapError, Verdict
 from .deferral import Deferred, collecting
@@ -204,6 +204,43 @@ class _EventTotals:
         ]
 
 
+class _Instruments:
+    """The instruments of one MeterProvider, made once for every processor
+    that writes to it: the SDK hands an instrument made a second time back
+    as it was, with the first one's callbacks, so a second processor's own
+    event totals would never be read."""
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None) -> None:
+        meter = metrics.get_meter(sc.INSTRUMENTATION_NAME, __version__, meter_provider)
+        self.attempts = meter.create_counter(*sc.ATTEMPTS)
+        self.gaps = meter.create_counter(*sc.GAPS)
+        self.duration = meter.create_histogram(*sc.DURATION)
+        self.replayed = meter.create_histogram(*sc.REPLAYED_EVENTS)
+        self.event_totals = _EventTotals()
+        name, unit, description = sc.STREAM_EVENTS
+        meter.create_observable_counter(
+            name, callbacks=[self.event_totals.observe], unit=unit, description=description
+        )
+        self.evicted = meter.create_counter(*sc.EVICTED_STREAMS)
+        self.evicted.add(0)  # a series from the start: "none evicted" is an answer
+
+
+_instruments: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
+_instruments_lock = threading.Lock()
+
+
+def _instruments_of(meter_provider: metrics.MeterProvider | None) -> _Instruments:
+    provider = meter_provider or metrics.get_meter_provider()
+    with _instruments_lock:
+        try:
+            found = _instruments.get(provider)
+        except TypeError:  # a provider that takes no weak reference
+            return _Instruments(meter_provider)
+        if found is None:
+            found = _instruments[provider] = _Instruments(meter_provider)
+        return found
+
+
 # Objects holding a lock or a thread, made new in a forked child.
 _reset_in_child: weakref.WeakSet[_Deadlines | _EventTotals | Deferred] = weakref.WeakSet()
 
@@ -240,18 +277,15 @@ class ContinuityProcessor(SpanProcessor):
         self._tracer = trace.get_tracer(
             sc.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
         )
-        meter = metrics.get_meter(sc.INSTRUMENTATION_NAME, __version__, meter_provider)
-        self._attempts = meter.create_counter(*sc.ATTEMPTS)
-        self._gaps = meter.create_counter(*sc.GAPS)
-        self._duration = meter.create_histogram(*sc.DURATION)
-        self._replayed = meter.create_histogram(*sc.REPLAYED_EVENTS)
-        self._event_totals = _EventTotals()
-        name, unit, description = sc.STREAM_EVENTS
-        meter.create_observable_counter(
-            name, callbacks=[self._event_totals.observe], unit=unit, description=description
-        )
-        self._evicted = meter.create_counter(*sc.EVICTED_STREAMS)
-        self._evicted.add(0)  # a series from the start: "none evicted" is an answer
+        self._span_source = tracer_provider  # None: the global one, maybe set later
+        self.attached = False
+        instruments = _instruments_of(meter_provider)
+        self._attempts = instruments.attempts
+        self._gaps = instruments.gaps
+        self._duration = instruments.duration
+        self._replayed = instruments.replayed
+        self._event_totals = instruments.event_totals
+        self._evicted = instruments.evicted
         self._evicted_reported = 0
         self._events_logger = get_logger(
             sc.INSTRUMENTATION_NAME, __version__, logger_provider=logger_provider
@@ -259,6 +293,7 @@ class ContinuityProcessor(SpanProcessor):
         self._hash_key = os.urandom(32)
         self._session_hashes: dict[str, str] = {}
         self._deadlines = _Deadlines()
+        self._said_unattached = False
         self._deferred = Deferred()
         _reset_in_child.add(self._deferred)
 
@@ -272,8 +307,23 @@ class ContinuityProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         pass
 
+    def attach(self) -> bool:
+        """Receive span starts from the tracer provider, once it is the SDK's:
+        it may be set after ``instrument()``."""
+        provider = self._span_source or trace.get_tracer_provider()
+        self.attached = span_hook.attach(provider, self)
+        if not self.attached and not self._said_unattached:
+            self._said_unattached = True
+            _logger.debug(
+                "mcp-resumption: %s takes no span processors; HTTP client spans get no MCP "
+                "attributes until an SDK TracerProvider is set, metrics and log events count",
+                type(provider).__name__,
+            )
+        return self.attached
+
     def shutdown(self) -> None:
         self.enabled = False
+        span_hook.detach(self._span_source or trace.get_tracer_provider(), self)
         self._deferred.close()
         self._deadlines.close()
 
@@ -316,6 +366,8 @@ class ContinuityProcessor(SpanProcessor):
         return text
 
     def request_attributes(self, facts: RequestFacts) -> dict[str, Any]:
+        if not self.attached:
+            self.attach()
         attributes: dict[str, Any] = {}
         session = self.session_attribute(facts.session_id or facts.legacy_session_id)
         if session is not None:
