@@ -30,6 +30,9 @@ def raw_server():
     events = tuple(block(str(i), note(i)) for i in (1, 2, 3))
     server.reply("/cycle/stream", Reply(head(200, [(b"content-type", b"text/event-stream")]),
                                         events, False))
+    for path, ids in (("/late/first", ("1", "2", "3")), ("/late/reset", ("1",))):
+        session = [(b"content-type", b"text/event-stream"), (b"mcp-session-id", b"late-session-1")]
+        server.reply(path, Reply(head(200, session), tuple(block(i, note(int(i))) for i in ids)))
     yield server
     server.close()
 
@@ -151,3 +154,19 @@ def test_the_sdk_gives_up_after_as_many_reconnects_instrumented(raw_server, tele
     assert bare > 100, f"the SDK gave up after {bare} reconnects: not the recursion"
     assert abs(instrumented - bare) <= 0.05 * bare, (bare, instrumented)
     assert telemetry.outcomes(), "the reconnects were observed"
+
+
+# ------------------------------------------------ any order of set-up
+
+
+def test_providers_set_after_instrument(raw_server):
+    result = subprocess.run(
+        [sys.executable, str(PROGRAMS / "late_providers.py")],
+        env=_env(raw_server.url), capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["client_spans"] == 2 and report["with_session"] == 2, report
+    assert report["resume_spans"] == 1, report
+    assert report["gaps"] == {"id_regression": 1} and report["gap_logs"] == 1, report
+    assert report["events"] == 4, report
