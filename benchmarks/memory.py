@@ -10,7 +10,12 @@ import statistics
 import time
 import tracemalloc
 
-from opentelemetry.instrumentation.mcp_resumption.tracker import STREAMABLE_HTTP, Tracker
+from opentelemetry.instrumentation.mcp_resumption.tracker import (
+    SEEN_WINDOW,
+    STREAMABLE_HTTP,
+    Tracker,
+    bounded_id,
+)
 
 SERVER = "127.0.0.1:8000"
 EVENTS_PER_STREAM = 4  # progress notifications, then the tool result
@@ -46,13 +51,34 @@ def _fill(tracker: Tracker, streams: int) -> None:
             tracker.event_consumed(stream)
 
 
-def bytes_per_stream(streams: int) -> float:
+# At the kept bound: 32 four-byte characters are 128 UTF-8 bytes, and 4 bytes
+# each in CPython's string too.  One more character and the id is a digest.
+HOSTILE_CHARACTER = "\U0001d7d8"
+
+
+def _fill_hostile(tracker: Tracker, streams: int) -> None:
+    """Each stream: its own session, whose id, and the id of each of the
+    SEEN_WINDOW + 1 events it receives, is as long as the kept bound allows
+    in the widest characters; each event a response to a request id the
+    session never sent, as long as the JSON-RPC bound allows."""
+    for index in range(streams):
+        session = f"{index:08x}" + HOSTILE_CHARACTER * 30
+        stream = tracker.open_stream(SERVER, STREAMABLE_HTTP, session_id=bounded_id(session))
+        for k in range(SEEN_WINDOW + 1):
+            event_id = f"{k:08x}" + HOSTILE_CHARACTER * 30
+            foreign = json.dumps({"jsonrpc": "2.0", "id": HOSTILE_CHARACTER * 200 + str(k),
+                                  "result": {}}, ensure_ascii=False)
+            tracker.event_received(stream, event_id, foreign)
+
+
+def bytes_per_stream(streams: int, *, hostile: bool = False) -> float:
+    """Bytes the tracker keeps per stream; ``hostile``: the worst a server can make it."""
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         tracker = Tracker(max_streams=streams)
-        _fill(tracker, streams)
+        (_fill_hostile if hostile else _fill)(tracker, streams)
         gc.collect()
         after = tracemalloc.get_traced_memory()[0]
         assert len(tracker) == streams and tracker.session_count == streams

@@ -5,8 +5,12 @@ response ids.  Pure: standard library only; never raises."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
+# JSON-RPC ids are chosen by the peer, the server's at any length: a key over
+# this many UTF-8 bytes is a digest of the id (equal ids keep equal keys).
+MAX_KEY_BYTES = 128
 # Bodies above this are not parsed: a tool result can be megabytes, and the
 # ids are not worth that much CPU on the host's hot path.
 MAX_PARSED_BYTES = 64 * 1024
@@ -18,7 +22,14 @@ def request_key(request_id: object) -> str | None:
         return None
     # Not json.dumps: this runs for every request and response, and only
     # needs to be unique (a string's key alone starts with a quote).
-    return f'"{request_id}"' if isinstance(request_id, str) else str(request_id)
+    key = f'"{request_id}"' if isinstance(request_id, str) else str(request_id)
+    if len(key) <= MAX_KEY_BYTES // 4:
+        return key
+    encoded = key.encode("utf-8", "surrogatepass")
+    if len(encoded) <= MAX_KEY_BYTES:
+        return key
+    # '#' starts neither an integer's key nor a string's
+    return "#sha256:" + hashlib.sha256(encoded).hexdigest()[:32]
 
 
 def _messages(text: str | bytes | None) -> list[dict]:

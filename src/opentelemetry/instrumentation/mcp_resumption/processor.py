@@ -40,7 +40,7 @@ from . import config, span_hook
 from . import semconv as sc
 from .continuity import Gap, GapKind, ResumeCursorRaceError, ResumptionGapError, Verdict
 from .deferral import Deferred, collecting
-from .tracker import NOTHING, Step, Stream, Tracker
+from .tracker import NOTHING, Step, Stream, Tracker, bounded_id
 from .version import __version__
 
 _logger = logging.getLogger(__name__)
@@ -375,8 +375,9 @@ class ContinuityProcessor(SpanProcessor):
         if facts.last_event_id is not None:
             cursor_session = self.tracker.cursor_session(facts.server, facts.last_event_id)
             sessions = (facts.session_id, facts.legacy_session_id, cursor_session)
-            last_event_id = self.scrub(facts.last_event_id, sessions)
-            attributes[sc.RESUMPTION_LAST_EVENT_ID] = last_event_id[:128]
+            # Scrub, then bound: a cut could split an embedded session id.
+            last_event_id = bounded_id(self.scrub(facts.last_event_id, sessions))
+            attributes[sc.RESUMPTION_LAST_EVENT_ID] = last_event_id
         if facts.protocol_version is not None:
             attributes[sc.MCP_PROTOCOL_VERSION] = facts.protocol_version[:32]
         return attributes
@@ -578,7 +579,7 @@ class ContinuityProcessor(SpanProcessor):
                 sessions = self._known_sessions(context)
                 if verdict.first_event_id is not None:
                     first = self.scrub(verdict.first_event_id, sessions)
-                    span.set_attribute(sc.RESUMPTION_FIRST_EVENT_ID, first[:128])
+                    span.set_attribute(sc.RESUMPTION_FIRST_EVENT_ID, first)
                 if previous:
                     span.set_attribute(sc.RESUMPTION_PREVIOUS_TRANSPORT, previous)
                 if verdict.gaps:
@@ -633,5 +634,5 @@ def legacy_session_from_endpoint(data: str) -> str | None:
     for name in ("sessionId", "session_id"):
         values = query.get(name)
         if values and values[0]:
-            return values[0][:256]
+            return bounded_id(values[0])
     return None

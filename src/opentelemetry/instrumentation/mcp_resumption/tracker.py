@@ -39,23 +39,63 @@ from .continuity import (
 )
 from .jsonrpc import responses_in
 
-SEEN_WINDOW = 32  # event ids remembered per session, for id_reused
+SEEN_WINDOW = 16  # event ids remembered per session, for id_reused
 MAX_REQUESTS = 256  # in-flight JSON-RPC requests remembered per session
 SENT_WINDOW = 512  # request ids remembered per session, for foreign_replay
 
 SSE = "sse"
 STREAMABLE_HTTP = "streamable-http"
-# Event ids longer than this are remembered as a prefix and a digest: equal
-# ids stay equal (and opaque), and a server cannot make each of the ids kept
-# per session megabytes long.
-MAX_KEPT_ID_LENGTH = 256
+# Event ids (and session ids) longer than this, in UTF-8 bytes, are kept as a
+# digest of the whole id: equal ids stay equal (and opaque), a server cannot
+# make each kept id megabytes long, and no part of the id is kept raw, so no
+# part of a session id it embeds can escape the scrub of exported text.
+MAX_KEPT_ID_BYTES = 128
 
 
-def _bounded(event_id: str | None) -> str | None:
-    if not isinstance(event_id, str) or len(event_id) <= MAX_KEPT_ID_LENGTH:
+def bounded_id(event_id: str | None) -> str | None:
+    """``event_id`` as it is kept: itself, or a digest if over the bound."""
+    # len() in characters bounds the bytes from below (at most 4 each): most
+    # ids never pay for an encode.
+    if not isinstance(event_id, str) or len(event_id) <= MAX_KEPT_ID_BYTES // 4:
         return event_id
-    digest = hashlib.sha256(event_id.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"{event_id[:64]}...sha256:{digest}"
+    encoded = event_id.encode("utf-8", "surrogatepass")
+    if len(encoded) <= MAX_KEPT_ID_BYTES:
+        return event_id
+    return "sha256:" + hashlib.sha256(encoded).hexdigest()[:32]
+
+
+class SeenWindow(dict):
+    """The last ``SEEN_WINDOW`` event ids of a session, each with the digest of
+    its data, oldest first.  Keyed by the id's ``hash()``, an int of fixed size
+    (keyed per process, so a server cannot aim at a collision): the window is
+    what a session costs most, and raw ids can be as long as the kept bound."""
+
+    __slots__ = ()
+
+    def get(self, event_id: str, default: int | None = None) -> int | None:  # type: ignore[override]
+        return dict.get(self, hash(event_id), default)
+
+    def __contains__(self, event_id: object) -> bool:
+        return dict.__contains__(self, hash(event_id))
+
+    def remember(self, event_id: str, digest: int) -> None:  # per event: _put written out
+        key = hash(event_id)
+        if dict.__contains__(self, key):
+            del self[key]
+        self[key] = digest
+        if len(self) > SEEN_WINDOW:
+            del self[next(iter(self))]
+
+    def merge(self, other: SeenWindow) -> None:
+        for key, digest in other.items():
+            self._put(key, digest)
+
+    def _put(self, key: int, digest: int) -> None:
+        if dict.__contains__(self, key):
+            del self[key]  # to the newest end
+        self[key] = digest
+        if len(self) > SEEN_WINDOW:
+            del self[next(iter(self))]
 
 
 class Session:
@@ -74,9 +114,7 @@ class Session:
     def __init__(self, server: str, session_id: str | None, history_lost: bool = False) -> None:
         self.server = server
         self.session_id = session_id
-        # event id -> digest of its data, oldest first (a plain dict is
-        # insertion-ordered and a third the size of an OrderedDict)
-        self.seen: dict[str, int] = {}
+        self.seen = SeenWindow()
         # request key -> (method, lineage of the stream its response must come
         # on; None where any stream of the session may carry it, as in legacy
         # SSE); None until the first request, as most sessions hold few
@@ -88,14 +126,6 @@ class Session:
         # A stream of this session was dropped (or the session is a new record
         # for a key whose older one may have been): its cursors can be gone.
         self.history_lost = history_lost
-
-    def remember(self, event_id: str, digest: int) -> None:
-        seen = self.seen
-        if event_id in seen:
-            del seen[event_id]  # to the newest end
-        seen[event_id] = digest
-        if len(seen) > SEEN_WINDOW:
-            seen.pop(next(iter(seen)), None)
 
     def sent_here(self, request_key: str) -> bool:
         # A ledger that has forgotten ids cannot prove a response foreign.
@@ -251,7 +281,7 @@ class Tracker:
         request's); ``request_session_id``, the session the request named,
         is the one the client says its cursor belongs to (default: the
         stream's), and the cursor is looked up there."""
-        cursor = _bounded(last_event_id) or None
+        cursor = bounded_id(last_event_id) or None
         claimed = request_session_id if request_session_id is not None else session_id
         with self._lock:
             self._flush()
@@ -319,7 +349,7 @@ class Tracker:
 
     def cursor_session(self, server: str, last_event_id: str | None) -> str | None:
         """The session of the stream a cursor would resume, if it is tracked."""
-        cursor = _bounded(last_event_id) or None
+        cursor = bounded_id(last_event_id) or None
         if cursor is None:
             return None
         with self._lock:
@@ -338,8 +368,7 @@ class Tracker:
                 if new.pending is None:
                     new.pending = {}
                 new.pending.update(old.pending)
-            for event_id, digest in old.seen.items():
-                new.remember(event_id, digest)
+            new.seen.merge(old.seen)
 
     def response(self, stream: Stream, status: int, session_id: str | None) -> Step:
         """The reconnect was answered (for a resume) with ``status``."""
@@ -359,8 +388,8 @@ class Tracker:
         the lock, no parsing unless the stream is a resume under check."""
         if not event_id:
             event_id = None
-        elif len(event_id) > MAX_KEPT_ID_LENGTH:
-            event_id = _bounded(event_id)
+        elif len(event_id) > MAX_KEPT_ID_BYTES // 4:
+            event_id = bounded_id(event_id)
         if digest is None:
             digest = hash(data)
         # Most events on a busy stream are notifications: skip the call.
@@ -374,7 +403,7 @@ class Tracker:
                 step = self._run(check, lambda: check.on_event(event))
             if event_id is not None:
                 if data:  # markers carry no content to compare
-                    stream.session.remember(event_id, digest)
+                    stream.session.seen.remember(event_id, digest)
                 stream.last_received = event_id
             stream.unconsumed_responses = responses
             if not stream.dirty:

@@ -23,6 +23,7 @@ from opentelemetry import trace
 
 from ..jsonrpc import MAX_PARSED_BYTES, requests_in
 from ..processor import RequestFacts, StreamContext, _request_attributes
+from ..tracker import bounded_id
 from . import active, guarded
 
 # response -> the stream context its EventSource reads through
@@ -51,7 +52,7 @@ def request_facts(request: Any) -> RequestFacts | None:
     is left alone at the cost of a few header lookups."""
     headers = request.headers
     last_event_id = _header(headers, "last-event-id")
-    session_id = _header(headers, "mcp-session-id")
+    session_id = bounded_id(_header(headers, "mcp-session-id"))
     accept = headers.get("accept", "")
     url = request.url
     query = url.query.decode("ascii", "replace") if isinstance(url.query, bytes) else url.query
@@ -60,7 +61,7 @@ def request_facts(request: Any) -> RequestFacts | None:
         params = parse_qs(query)
         for name in ("sessionId", "session_id"):
             if params.get(name):
-                legacy_session_id = params[name][0][:MAX_HEADER_LENGTH]
+                legacy_session_id = bounded_id(params[name][0])
                 break
     if not (last_event_id or session_id or legacy_session_id or "text/event-stream" in accept):
         return None
@@ -111,7 +112,7 @@ def _observe_response(processor: Any, facts: RequestFacts, resume: Any, response
         facts,
         resume,
         response.status_code,
-        _header(response.headers, "mcp-session-id"),
+        bounded_id(_header(response.headers, "mcp-session-id")),
         content_type.split(";", 1)[0].strip().lower() == "text/event-stream",
     )
     if context is not None:
@@ -120,8 +121,11 @@ def _observe_response(processor: Any, facts: RequestFacts, resume: Any, response
 
 def _failed(resume: Any, error: BaseException) -> None:
     if resume is not None:
-        resume.span.record_exception(error)
-        resume.span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+        # The type only: an HTTP client's message can quote a header value
+        # (httpx: "Illegal header value b'Bearer ...'").
+        kind = type(error).__qualname__
+        resume.span.set_attribute("error.type", kind)
+        resume.span.set_status(trace.Status(trace.StatusCode.ERROR, kind))
         resume.span.end()
 
 
