@@ -195,7 +195,7 @@ def observed_server(policy: str) -> Iterator[tuple[RawServer, Telemetry]]:
     server = RawServer()
     telemetry = Telemetry()
     instrumentor = McpResumptionInstrumentor()
-    settings = {"session_id": "raw"} if policy == "raw" else {}
+    settings = {"session_id": policy} if policy in ("raw", "omit") else {}
     instrumentor.instrument(**telemetry.providers(), confirm_timeout=60, **settings)
     try:
         yield server, telemetry
@@ -286,6 +286,57 @@ def test_session_ids_inside_event_ids_are_scrubbed(policy):
             ("logs", "PREFIXED-5ecret-0b5e55ed"), ("logs", "s-77"),
             ("spans", "PREFIXED-5ecret-0b5e55ed"), ("spans", "s-77")]
         assert cursors == sorted(f"{session}:e-104" for session in sessions.values())
+
+
+@pytest.mark.parametrize("policy", ["default", "omit"])
+def test_tokens_cookies_urls_and_long_ids_stay_out(policy):
+    """With the HTTP client spans of opentelemetry-instrumentation-httpx: a
+    bearer token whose stray newline makes httpx raise (its message quotes the
+    header), a cookie, a legacy POST whose URL carries the session id, and a
+    session id inside event ids longer than the kept bound (a cut would split
+    it in two halves that the scrub cannot recognise)."""
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    token, cookie = "sk-live-T0KEN-5ecret-abcdef", "sid=COOKIE-5ecret-1234"
+    long_tail = "x" * 200
+    with observed_server(policy) as (server, telemetry):
+        HTTPXClientInstrumentor().instrument(tracer_provider=telemetry.tracer_provider)
+        try:
+            sse = (b"content-type", b"text/event-stream")
+            session = [sse, (b"mcp-session-id", PLANTED_SESSION.encode())]
+            note = json.dumps({"jsonrpc": "2.0", "method": "notifications/progress"})
+            server.reply("/messages/", Reply(head(202, [(b"content-length", b"0")])))
+            server.reply("/mcp", Reply(head(200, session), tuple(
+                block(f"{PLANTED_SESSION}:{long_tail}{n}", note) for n in (1, 2))))
+            server.reply("/mcp/reset", Reply(head(200, session), (block("1", note),)))
+            body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}).encode()
+            consume("httpx", f"{server.url}/messages/?session_id={PLANTED_LEGACY}",
+                    method="POST", body=body, headers=[(b"content-type", b"application/json")])
+            mcp = [ACCEPT, (b"mcp-session-id", PLANTED_SESSION.encode()), (b"cookie", cookie)]
+            consume("httpx-sse", server.url + "/mcp", headers=mcp)
+            cursor = (b"last-event-id", f"{PLANTED_SESSION}:{long_tail}2")
+            broken = consume("httpx-sse", server.url + "/mcp/reset",
+                             headers=[*mcp, cursor, (b"authorization", f"Bearer {token}\n")])
+            assert broken.error, "httpx refused the header"
+            consume("httpx-sse", server.url + "/mcp/reset", headers=[*mcp, cursor])
+        finally:
+            HTTPXClientInstrumentor().uninstrument()
+        exported = exports(telemetry)
+    # ids over the kept bound are digests: opaque, so no order to judge
+    assert telemetry.outcomes() == {"unverifiable": 1}
+    client_urls = [span.attributes.get("url.full") or span.attributes.get("http.url")
+                   for span in telemetry.spans.get_finished_spans() if span.kind.name == "CLIENT"]
+    assert any("session_id=" in url for url in client_urls), client_urls
+    halves = {PLANTED_SESSION[:10], PLANTED_SESSION[-10:]}
+    assert leaks(exported, {cookie, PLANTED_LEGACY, PLANTED_SESSION, *halves}) == []
+    # The httpx instrumentation's own span records httpx's exception, header
+    # value and all: not ours to rewrite.  Ours carry none of it.
+    resumes = [s for s in telemetry.spans.get_finished_spans() if s.name == sc.RESUME_SPAN_NAME]
+    ours = {**exported, "spans": "\n".join(span.to_json() for span in resumes)}
+    assert leaks(ours, {token, "T0KEN-5ecret"}) == []
+    [failed] = [span for span in resumes if span.status.status_code.name == "ERROR"
+                and "error.type" in span.attributes]
+    assert failed.attributes["error.type"] == "LocalProtocolError"
 
 
 # ------------------------------------------------------------ cardinality

@@ -23,6 +23,7 @@ REPLAY_CONTRACT = "OTEL_PYTHON_MCP_RESUMPTION_REPLAY_CONTRACT"
 CONFIRM_TIMEOUT = "OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT"
 SESSION_ID = "OTEL_PYTHON_MCP_RESUMPTION_SESSION_ID"
 MAX_STREAMS = "OTEL_PYTHON_MCP_RESUMPTION_MAX_STREAMS"
+REDACT_URLS = "OTEL_PYTHON_MCP_RESUMPTION_REDACT_URLS"
 
 MODES = ("observe", "enforce")
 SESSION_ID_POLICIES = ("hash", "raw", "omit")
@@ -35,6 +36,7 @@ class Settings:
     confirm_timeout: float = 5.0
     session_id: str = "hash"
     max_streams: int = 10_000
+    redact_urls: bool = True
 
     @property
     def enforce(self) -> bool:
@@ -83,6 +85,9 @@ def load(
     timeout = raw("confirm_timeout", CONFIRM_TIMEOUT)
     session_id = raw("session_id", SESSION_ID)
     max_streams = raw("max_streams", MAX_STREAMS)
+    redact = raw("redact_urls", REDACT_URLS)
+    if isinstance(redact, bool):
+        redact = str(redact)
     return Settings(
         mode=defaults.mode if mode is None else _choice(MODE, mode, MODES, defaults.mode),
         replay_contract=ReplayContract(
@@ -104,4 +109,7 @@ def load(
         max_streams=defaults.max_streams
         if max_streams is None
         else int(_number(MAX_STREAMS, max_streams, defaults.max_streams, integer=True)),
+        redact_urls=defaults.redact_urls
+        if redact is None
+        else _choice(REDACT_URLS, redact, ("true", "false"), "true") == "true",
     )

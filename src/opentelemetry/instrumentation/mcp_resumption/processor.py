@@ -55,6 +55,10 @@ SESSION_HASH_CACHE = 1024
 # appear; shorter ones only as a whole token.
 MIN_SCRUBBED_ANYWHERE = 8
 
+# Where HTTP client spans record a URL or its query (stable and older semconv).
+_URL_ATTRIBUTES = ("url.full", "url.query", "http.url", "http.target")
+_SESSION_PARAMETER = re.compile(r"((?:^|[?&])(?:sessionId|session_id)=)[^&#]*")
+
 # Request facts for the HTTP client span that the httpx instrumentation
 # opens inside the patched call; read in on_start.
 _request_attributes: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
@@ -301,8 +305,22 @@ class ContinuityProcessor(SpanProcessor):
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         attributes = _request_attributes.get()
-        if attributes and self.enabled and span.kind is SpanKind.CLIENT:
+        if attributes is not None and self.enabled and span.kind is SpanKind.CLIENT:
             span.set_attributes(attributes)
+            if self.settings.redact_urls:  # also where session ids are omitted
+                self._redact_urls(span, attributes.get(sc.MCP_SESSION_ID) or "REDACTED")
+
+    @staticmethod
+    def _redact_urls(span: Span, session: str) -> None:
+        """The legacy transport puts the raw session id in the query
+        (``/messages?session_id=...``), which the HTTP client span records."""
+        recorded = span.attributes or {}
+        for key in _URL_ATTRIBUTES:
+            url = recorded.get(key)
+            if isinstance(url, str) and "ession" in url:
+                redacted = _SESSION_PARAMETER.sub(lambda m: m.group(1) + session, url)
+                if redacted != url:
+                    span.set_attribute(key, redacted)
 
     def on_end(self, span: ReadableSpan) -> None:
         pass
