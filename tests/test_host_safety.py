@@ -170,3 +170,32 @@ def test_providers_set_after_instrument(raw_server):
     assert report["resume_spans"] == 1, report
     assert report["gaps"] == {"id_regression": 1} and report["gap_logs"] == 1, report
     assert report["events"] == 4, report
+
+
+# ------------------------------------------------ bounded log volume
+
+
+def test_gap_logs_are_rate_limited_and_every_gap_is_counted(telemetry):
+    """20,000 answers to ids the session never sent: 20,000 foreign_replay gaps
+    counted, a handful of log records (each used to copy the server's id)."""
+    from opentelemetry.instrumentation.mcp_resumption import ContinuityProcessor
+    from opentelemetry.instrumentation.mcp_resumption.processor import RequestFacts
+
+    processor = ContinuityProcessor(**telemetry.providers())
+    server, host, session = "127.0.0.1:9", "127.0.0.1", "flood-session-1"
+    facts = RequestFacts("GET", server, host, session_id=session)
+    context = processor.end_request(facts, processor.begin_request(facts), 200, session, True)
+    for k in (1, 2, 3):
+        processor.event(context, "message", str(k), note(k))
+    processor.asked_next(context)  # the application took event 3
+    processor.ended(context, "a read error (RemoteProtocolError)")
+    resume = RequestFacts("GET", server, host, session_id=session, last_event_id="3")
+    context = processor.end_request(resume, processor.begin_request(resume), 200, session, True)
+    processor.event(context, "message", "4", note(4))
+    for k in range(20_000):
+        answer = json.dumps({"jsonrpc": "2.0", "id": f"unknown-{k}-" + "z" * 64, "result": {}})
+        processor.event(context, "message", str(5 + k), answer)
+    processor.ended(context, "the stream ended")
+    processor.shutdown()
+    assert telemetry.gap_kinds() == {"foreign_replay": 20_000}
+    assert 1 <= len(telemetry.gap_logs()) <= 12

@@ -208,6 +208,32 @@ class _EventTotals:
         ]
 
 
+class _LogBudget:
+    """How many ``resumption.gap`` log records a (gap kind, server) may still
+    write: a server answering thousands of unknown ids would otherwise write
+    thousands of records.  A burst, then one per interval; the metrics and the
+    span events count every gap.  Unlocked: a race lets one more through."""
+
+    BURST = 10
+    INTERVAL = 6.0  # seconds per record after the burst
+    MAX_KEYS = 1024
+
+    def __init__(self) -> None:
+        self._left: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def take(self, key: tuple[str, str]) -> bool:
+        now = time.monotonic()
+        tokens, at = self._left.get(key, (self.BURST, now))
+        tokens = min(self.BURST, tokens + (now - at) / self.INTERVAL)
+        if len(self._left) >= self.MAX_KEYS and key not in self._left:
+            self._left.clear()
+        if tokens < 1:
+            self._left[key] = (tokens, now)
+            return False
+        self._left[key] = (tokens - 1, now)
+        return True
+
+
 class _Instruments:
     """The instruments of one MeterProvider, made once for every processor
     that writes to it: the SDK hands an instrument made a second time back
@@ -297,6 +323,7 @@ class ContinuityProcessor(SpanProcessor):
         self._hash_key = os.urandom(32)
         self._session_hashes: dict[str, str] = {}
         self._deadlines = _Deadlines()
+        self._log_budget = _LogBudget()
         self._said_unattached = False
         self._deferred = Deferred()
         _reset_in_child.add(self._deferred)
@@ -562,6 +589,8 @@ class ContinuityProcessor(SpanProcessor):
             span = trace.get_current_span()
         if span.is_recording():
             span.add_event(sc.GAP_EVENT_NAME, attributes)
+        if not self._log_budget.take((gap.kind.value, context.facts.server)):
+            return
         span_context = trace.set_span_in_context(span) if span.is_recording() else None
         self._events_logger.emit(
             event_name=sc.GAP_EVENT_NAME,
