@@ -199,3 +199,35 @@ def test_gap_logs_are_rate_limited_and_every_gap_is_counted(telemetry):
     processor.shutdown()
     assert telemetry.gap_kinds() == {"foreign_replay": 20_000}
     assert 1 <= len(telemetry.gap_logs()) <= 12
+
+
+# ------------------------------------------------ no start-up tax
+
+LAZY_PROGRAM = """
+import sys
+before = sorted(m for m in ("mcp", "httpx2", "httpx_sse") if m in sys.modules)
+import httpx_sse
+print(before, hasattr(httpx_sse.EventSource.aiter_sse, "__wrapped__"))
+"""
+
+
+def test_libraries_are_patched_when_imported_not_at_startup():
+    """``opentelemetry-instrument`` loads the plugin in every program: it must
+    not import mcp, httpx2 or httpx-sse itself (it did, for 1 s a start; the
+    control is the same start with the plugin disabled), and must still patch
+    each as the program imports it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTHONPATH"))}
+    env.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none",
+               OTEL_LOGS_EXPORTER="none", PYTHONPATH=str(SRC))
+    instrument = Path(sys.executable).parent / "opentelemetry-instrument"
+    reports = []
+    for disabled in ("", "mcp_resumption"):
+        result = subprocess.run(
+            [str(instrument), sys.executable, "-c", LAZY_PROGRAM],
+            env={**env, "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": disabled},
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        reports.append(result.stdout.split("\n")[0])
+    enabled, control = reports
+    assert enabled == control.replace("False", "True"), reports

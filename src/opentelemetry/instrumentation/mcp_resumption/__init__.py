@@ -21,7 +21,6 @@ TracerProvider.  Every resume (a request carrying ``Last-Event-ID``) gets an
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Collection
 from typing import Any
@@ -36,7 +35,7 @@ from .continuity import (
     verify_resumption,
 )
 from .package import _instruments
-from .patches import active
+from .patches import Installation, active
 from .patches import http as http_patches
 from .patches import mcp_sdk as mcp_sdk_patches
 from .patches import sse as sse_patches
@@ -56,13 +55,6 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 
-def _installed(module_name: str) -> bool:
-    try:
-        return importlib.util.find_spec(module_name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
 class McpResumptionInstrumentor(BaseInstrumentor):
     """Instruments httpx, httpx2 and httpx-sse for MCP resumption continuity.
 
@@ -73,7 +65,7 @@ class McpResumptionInstrumentor(BaseInstrumentor):
     variable).
     """
 
-    _patched: list[tuple[Any, str]]
+    _installation: Installation | None = None
     processor: ContinuityProcessor | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
@@ -82,7 +74,6 @@ class McpResumptionInstrumentor(BaseInstrumentor):
     def _instrument(self, **kwargs: Any) -> None:
         # An exception escaping here would abort every instrumentor loaded
         # after this one: log it and leave the host uninstrumented instead.
-        self._patched = []
         try:
             self._install(**kwargs)
         except Exception:
@@ -105,12 +96,15 @@ class McpResumptionInstrumentor(BaseInstrumentor):
         processor.enabled = True
         self.processor = processor
         active.processor = processor
-        http_modules = tuple(name for name in ("httpx", "httpx2") if _installed(name))
-        sse_modules = tuple(name for name in ("httpx_sse", "httpx2") if _installed(name))
-        self._patched += http_patches.instrument(http_modules)
-        self._patched += sse_patches.instrument(sse_modules)
-        if _installed("mcp"):
-            self._patched += mcp_sdk_patches.instrument()
+        installation = self._installation = Installation()
+        for module_name, patch in (
+            ("httpx", http_patches.instrument),
+            ("httpx2", http_patches.instrument),
+            ("httpx_sse", sse_patches.instrument),
+            ("httpx2", sse_patches.instrument),
+            ("mcp.client.streamable_http", mcp_sdk_patches.instrument),
+        ):
+            installation.on_import(module_name, patch)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._remove()
@@ -120,5 +114,6 @@ class McpResumptionInstrumentor(BaseInstrumentor):
             self.processor.shutdown()
         active.processor = None
         self.processor = None
-        http_patches.uninstrument(getattr(self, "_patched", []))
-        self._patched = []
+        if self._installation is not None:
+            self._installation.remove()
+            self._installation = None

@@ -12,7 +12,12 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Callable
+from functools import partial
+from types import ModuleType
 from typing import Any, TypeVar
+
+from opentelemetry.instrumentation.utils import unwrap
+from wrapt import register_post_import_hook
 
 from ..continuity import ResumptionGapError
 
@@ -66,3 +71,33 @@ def guarded(site: str, function: Callable[..., T], *args: Any, **kwargs: Any) ->
     except Exception:  # the host's call must go on whatever we got wrong
         fault(site)
         return None
+
+
+Patcher = Callable[[ModuleType], list[tuple[Any, str]]]
+
+
+class Installation:
+    """The patches of one ``instrument()``, made as each library is imported
+    (at once for one imported already): a program that never imports a
+    library pays nothing for it, not even its import."""
+
+    def __init__(self) -> None:
+        self.patched: list[tuple[Any, str]] = []
+        self.active = True
+
+    def on_import(self, module_name: str, patch: Patcher) -> None:
+        register_post_import_hook(partial(self._patch, patch), module_name)
+
+    def _patch(self, patch: Patcher, module: ModuleType) -> None:
+        if not self.active:  # a hook of an earlier cycle, never removable from wrapt
+            return
+        try:
+            self.patched += patch(module)
+        except Exception:  # runs inside the host's import: never fail it
+            fault(f"patching {getattr(module, '__name__', module)}")
+
+    def remove(self) -> None:
+        self.active = False
+        for owner, method in self.patched:
+            unwrap(owner, method)
+        self.patched = []

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 from typing import Any
 from urllib.parse import parse_qs
 
-from opentelemetry.instrumentation.utils import is_instrumentation_enabled, unwrap
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from wrapt import wrap_function_wrapper
 
 from opentelemetry import trace
@@ -195,17 +195,11 @@ TARGETS = (
 )
 
 
-def instrument(module_names: tuple[str, ...]) -> list[tuple[Any, str]]:
+def instrument(module: Any) -> list[tuple[Any, str]]:
+    """Patch ``module`` (httpx or httpx2); returns what was patched."""
     patched = []
-    for module_name in module_names:
-        for target, wrapper in TARGETS:
-            wrap_function_wrapper(module_name, target, wrapper)
-            class_name, method = target.split(".")
-            module = __import__(module_name)
-            patched.append((getattr(module, class_name), method))
+    for target, wrapper in TARGETS:
+        class_name, method = target.split(".")
+        wrap_function_wrapper(module, target, wrapper)
+        patched.append((getattr(module, class_name), method))
     return patched
-
-
-def uninstrument(patched: list[tuple[Any, str]]) -> None:
-    for owner, method in patched:
-        unwrap(owner, method)

@@ -15,10 +15,8 @@ carries the gap, and the caller's pending call fails with it.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from opentelemetry.instrumentation.utils import unwrap
 from wrapt import wrap_function_wrapper
 
 from ..continuity import ResumptionGapError
@@ -83,17 +81,12 @@ async def _outermost(wrapped, args, kwargs):
         enforced_errors.reset(token)
 
 
-def instrument() -> list[tuple[Any, str]]:
-    module = importlib.import_module(MODULE)
+def instrument(module: Any) -> list[tuple[Any, str]]:
+    """Patch ``mcp.client.streamable_http``'s transport."""
     owner = getattr(module, "StreamableHTTPTransport", None)
     patched = []
     for name in TARGETS:
         if owner is not None and hasattr(owner, name):
-            wrap_function_wrapper(MODULE, f"StreamableHTTPTransport.{name}", _reconnect)
+            wrap_function_wrapper(module, f"StreamableHTTPTransport.{name}", _reconnect)
             patched.append((owner, name))
     return patched
-
-
-def uninstrument(patched: list[tuple[Any, str]]) -> None:
-    for owner, name in patched:
-        unwrap(owner, name)

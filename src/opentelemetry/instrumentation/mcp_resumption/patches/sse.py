@@ -15,7 +15,6 @@ import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from opentelemetry.instrumentation.utils import unwrap
 from wrapt import wrap_function_wrapper
 
 from ..continuity import ResumptionGapError
@@ -172,23 +171,17 @@ TARGETS = {
 }
 
 
-def instrument(module_names: tuple[str, ...]) -> list[tuple[Any, str]]:
+def instrument(module: Any) -> list[tuple[Any, str]]:
+    """Patch the SSE iterators of ``module`` (httpx_sse or httpx2)."""
     patched = []
-    for module_name in module_names:
-        module = __import__(module_name)
-        for target, wrapper in TARGETS[module_name]:
-            class_name, method = target.split(".")
-            owner = getattr(module, class_name, None)
-            if owner is None or not hasattr(owner, method):
-                # httpx2 before 2.5 has no EventSource: its HTTP facts are still
-                # observed, and the other libraries' events too.
-                _logger.debug("%s has no %s; its SSE events are not observed", module_name, target)
-                continue
-            wrap_function_wrapper(module_name, target, wrapper)
-            patched.append((owner, method))
+    for target, wrapper in TARGETS[module.__name__]:
+        class_name, method = target.split(".")
+        owner = getattr(module, class_name, None)
+        if owner is None or not hasattr(owner, method):
+            # httpx2 before 2.5 has no EventSource: its HTTP facts are still
+            # observed, and the other libraries' events too.
+            _logger.debug("%s has no %s; its SSE events are not observed", module.__name__, target)
+            continue
+        wrap_function_wrapper(module, target, wrapper)
+        patched.append((owner, method))
     return patched
-
-
-def uninstrument(patched: list[tuple[Any, str]]) -> None:
-    for owner, method in patched:
-        unwrap(owner, method)
