@@ -42,6 +42,7 @@ SECTIONS = ("throughput", "requests", "in-situ", "in-process")
 # Targets
 MAX_THROUGHPUT_LOSS = 0.05  # at most 5 % fewer events/s than bare
 MAX_ADDED_US_PER_EVENT = 2.0
+MAX_HOSTILE_BYTES_PER_STREAM = 4096
 MAX_BYTES_PER_STREAM = 1024
 MAX_GROWTH_BYTES_PER_EVENT = 0.01  # ~0: under 10 kB over a million events
 
@@ -203,6 +204,9 @@ def in_process(plan: Plan) -> dict[str, Any]:
     for streams in plan.memory_streams:
         progress(f"memory: {streams} streams")
         results["bytes_per_stream"][str(streams)] = memory.bytes_per_stream(streams)
+    streams = plan.memory_streams[0]
+    progress(f"memory: {streams} streams with hostile ids")
+    results["hostile_bytes_per_stream"] = memory.bytes_per_stream(streams, hostile=True)
     progress(f"memory growth: {plan.growth_events} events on one stream")
     results["growth"] = memory.growth(plan.growth_events)
     return results
@@ -273,6 +277,12 @@ def _in_process_table(local: dict[str, Any]) -> list[str]:
             f"| Tracker bytes per tracked stream, {int(streams):,} streams | {size:,.0f} B "
             f"| ≤ {MAX_BYTES_PER_STREAM} B | {verdict(size <= MAX_BYTES_PER_STREAM)} |"
         )
+    hostile = local["hostile_bytes_per_stream"]
+    lines.append(
+        f"| Tracker bytes per tracked stream, hostile ids and session ids at the kept bound "
+        f"| {hostile:,.0f} B | ≤ {MAX_HOSTILE_BYTES_PER_STREAM} B "
+        f"| {verdict(hostile <= MAX_HOSTILE_BYTES_PER_STREAM)} |"
+    )
     return [
         *lines,
         f"| growth over {growth['events']:,} events on one stream (after event 10,000) "
