@@ -1,0 +1,56 @@
+"""Shared by the release tests: the repository, the build tools of
+scripts/test (``.venv-tools``: build, twine, uv, trove-classifiers) and the
+Python versions CI tests (the floor of requires-python and the machine's own)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / ".venv-tools" / "bin"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def tool(name: str) -> str:
+    path = TOOLS / name
+    if not path.exists():
+        raise AssertionError(f"{path} is missing: bash scripts/test installs it")
+    return str(path)
+
+
+def floor_version() -> str:
+    match = re.fullmatch(r">=\s*(3\.\d+)", PYPROJECT["project"]["requires-python"])
+    assert match, "requires-python is expected to be a plain floor"
+    return match.group(1)
+
+
+def ci_pythons() -> list[str]:
+    """The Pythons CI runs: the lowest the package claims, and the machine's own."""
+    return sorted({floor_version(), "%d.%d" % sys.version_info[:2]})
+
+
+def find_python(version: str) -> str:
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "find-python"), version],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "UV": tool("uv")},
+    ).stdout.strip()
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The caller's environment without anything that would reach the checkout
+    or configure OpenTelemetry behind the test's back."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("OTEL_", "PYTHONPATH", "VIRTUAL_ENV", "PYTEST_"))
+    }
+    env.update(extra)
+    return env
