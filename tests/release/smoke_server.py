@@ -17,12 +17,11 @@ import threading
 import time
 
 import uvicorn
+from mcp.server.streamable_http import EventMessage, EventStore
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
-
-from mcp.server.streamable_http import EventMessage, EventStore
 
 MCP_MAJOR = int(importlib.metadata.version("mcp").split(".")[0])
 if MCP_MAJOR == 1:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dist import PYPROJECT, ROOT, clean_env, find_python, ci_pythons, tool
+from release_env import ROOT, ci_pythons, clean_env, find_python, requires_python, tool
 
 HERE = Path(__file__).parent
 SCOPE = "opentelemetry.instrumentation.mcp_resumption"
@@ -101,18 +101,28 @@ def test_metadata_carries_urls_license_classifiers_and_readme(dist):
     assert all(url.startswith("https://") for url in urls.values())
     assert meta["License-Expression"] == "Apache-2.0"
     assert meta.get_all("License-File") == ["LICENSE"]
-    assert meta["Requires-Python"] == PYPROJECT["project"]["requires-python"]
+    assert meta["Requires-Python"] == requires_python()
     assert meta["Description-Content-Type"] == "text/markdown"
     assert meta.get_payload().strip() == (ROOT / "README.md").read_text().strip()
     classifiers = meta.get_all("Classifier")
     # One classifier per Python version CI tests, and no claim beyond them.
-    versions = {c.rsplit(" :: ", 1)[1] for c in classifiers if c.count(" :: ") == 2
-                and c.startswith("Programming Language :: Python :: 3.")}
+    versions = {
+        c.rsplit(" :: ", 1)[1]
+        for c in classifiers
+        if c.count(" :: ") == 2 and c.startswith("Programming Language :: Python :: 3.")
+    }
     assert sorted(versions) == ci_pythons()
     known = subprocess.run(
-        [tool("python"), "-c", "import sys, trove_classifiers as t;"
-         "print([c for c in sys.argv[1:] if c not in t.classifiers])", *classifiers],
-        capture_output=True, text=True, check=True,
+        [
+            tool("python"),
+            "-c",
+            "import sys, trove_classifiers as t;"
+            "print([c for c in sys.argv[1:] if c not in t.classifiers])",
+            *classifiers,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert known == "[]", f"not trove classifiers: {known}"
 
@@ -163,9 +173,18 @@ def venv(request, dist, tmp_path_factory) -> Path:
     python = find_python(request.param)
     subprocess.run([tool("uv"), "venv", "-q", "--python", python, str(home / "venv")], check=True)
     subprocess.run(
-        [tool("uv"), "pip", "install", "-q", "--python", str(home / "venv" / "bin" / "python"),
-         str(dist["wheel"]), *CLIENT_NEEDS],
-        check=True, env=clean_env(),
+        [
+            tool("uv"),
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            str(home / "venv" / "bin" / "python"),
+            str(dist["wheel"]),
+            *CLIENT_NEEDS,
+        ],
+        check=True,
+        env=clean_env(),
     )
     # The programs run from a copy, so that nothing of the checkout is importable.
     for program in ("smoke_server.py", "smoke_clients.py"):
@@ -177,7 +196,11 @@ def venv(request, dist, tmp_path_factory) -> Path:
 def servers(venv):
     process = subprocess.Popen(
         [str(venv / "venv" / "bin" / "python"), "smoke_server.py"],
-        cwd=venv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=clean_env(),
+        cwd=venv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
     )
     try:
         line = process.stdout.readline()
@@ -221,7 +244,11 @@ def test_the_installed_package_is_the_wheel(venv):
     )
     result = subprocess.run(
         [str(venv / "venv" / "bin" / "python"), "-c", probe],
-        cwd=venv, capture_output=True, text=True, check=True, env=clean_env(),
+        cwd=venv,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=clean_env(),
     )
     where, entry_points = result.stdout.splitlines()
     assert Path(where).is_relative_to(venv / "venv"), where
@@ -249,7 +276,10 @@ def test_the_counts_come_from_the_mcp_resumption_entry_point(venv, servers):
     """The control: with the entry point disabled by name, nothing is counted,
     so the counts above prove that ``mcp_resumption`` was loaded."""
     result = instrumented(
-        venv, "smoke_clients.py", "sse", servers["sse"],
+        venv,
+        "smoke_clients.py",
+        "sse",
+        servers["sse"],
         OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="mcp_resumption",
     )
     assert "sse client saw 1,2,3,4,5,1,2" in result.stdout

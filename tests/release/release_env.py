@@ -8,12 +8,10 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / ".venv-tools" / "bin"
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def tool(name: str) -> str:
@@ -23,15 +21,21 @@ def tool(name: str) -> str:
     return str(path)
 
 
+def requires_python() -> str:
+    # A regex, not tomllib: these helpers must import on the 3.10 floor too.
+    text = (ROOT / "pyproject.toml").read_text()
+    return re.search(r'^requires-python = "([^"]+)"', text, re.MULTILINE).group(1)
+
+
 def floor_version() -> str:
-    match = re.fullmatch(r">=\s*(3\.\d+)", PYPROJECT["project"]["requires-python"])
+    match = re.fullmatch(r">=\s*(3\.\d+)", requires_python())
     assert match, "requires-python is expected to be a plain floor"
     return match.group(1)
 
 
 def ci_pythons() -> list[str]:
     """The Pythons CI runs: the lowest the package claims, and the machine's own."""
-    return sorted({floor_version(), "%d.%d" % sys.version_info[:2]})
+    return sorted({floor_version(), "{}.{}".format(*sys.version_info[:2])})
 
 
 def find_python(version: str) -> str:
