@@ -1,11 +1,17 @@
 """Two plain MCP clients with no OpenTelemetry code, for the wheel smoke test:
 ``sse URL`` resumes a raw httpx-sse stream twice, ``mcp URL`` calls a tool
-through the MCP SDK client, whose stream the server closes mid-call."""
+through the MCP SDK client, whose stream the server closes mid-call.
+
+Without arguments (as the README's ``python my_mcp_client.py``), the kind and
+URL come from ``SMOKE_CLIENT`` and ``SMOKE_URL``; with ``SMOKE_SCRAPE`` set,
+the client then prints its own Prometheus endpoint (``OTEL_EXPORTER_PROMETHEUS_PORT``),
+which lives only as long as the process."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import os
 import sys
 
 import anyio
@@ -38,8 +44,11 @@ async def mcp_client(url: str) -> None:
 
 
 if __name__ == "__main__":
-    kind, url = sys.argv[1:]
+    kind, url = sys.argv[1:] or (os.environ["SMOKE_CLIENT"], os.environ["SMOKE_URL"])
     if kind == "sse":
         sse_client(url)
     else:
         asyncio.run(mcp_client(url))
+    if os.environ.get("SMOKE_SCRAPE"):
+        port = os.environ["OTEL_EXPORTER_PROMETHEUS_PORT"]
+        print(httpx.get(f"http://127.0.0.1:{port}/metrics").text)

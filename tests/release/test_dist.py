@@ -16,10 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from release_env import ROOT, ci_pythons, clean_env, find_python, requires_python, tool
+from release_env import (
+    ROOT,
+    SCOPE,
+    ci_pythons,
+    clean_env,
+    console_metrics,
+    find_python,
+    requires_python,
+    tool,
+    totals,
+)
 
 HERE = Path(__file__).parent
-SCOPE = "opentelemetry.instrumentation.mcp_resumption"
 PACKAGE = "opentelemetry/instrumentation/mcp_resumption/"
 # What the smoke test's clients need, and nothing more.
 CLIENT_NEEDS = ["httpx", "httpx-sse", "mcp", "opentelemetry-distro"]
@@ -128,42 +137,6 @@ def test_metadata_carries_urls_license_classifiers_and_readme(dist):
 
 
 # ---------------------------------------------------------------- smoke test
-
-
-def console_metrics(stdout: str) -> list[dict]:
-    """The console metric exporter's JSON documents, among the program's own lines."""
-    decoder, found, position = json.JSONDecoder(), [], 0
-    while (start := stdout.find("{", position)) != -1:
-        try:
-            document, position = decoder.raw_decode(stdout, start)
-        except json.JSONDecodeError:
-            position = start + 1
-            continue
-        if isinstance(document, dict) and "resource_metrics" in document:
-            found.append(document)
-    return found
-
-
-def totals(stdout: str, metric: str, attribute: str) -> dict[str, int]:
-    """Our scope's counts of ``metric`` by ``attribute``, from the last export
-    (cumulative, so the last one holds them all)."""
-    exports = console_metrics(stdout)
-    assert exports, f"no console metric export in:\n{stdout}"
-    return scope_counts(exports[-1], metric, attribute)
-
-
-def scope_counts(export: dict, metric: str, attribute: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for resource in export["resource_metrics"]:
-        for scope in resource["scope_metrics"]:
-            if scope["scope"]["name"] != SCOPE:
-                continue
-            for item in scope["metrics"]:
-                if item["name"] == metric:
-                    for point in item["data"]["data_points"]:
-                        key = point["attributes"][attribute]
-                        counts[key] = counts.get(key, 0) + int(point["value"])
-    return counts
 
 
 @pytest.fixture(scope="session", params=ci_pythons())
