@@ -147,28 +147,32 @@ def test_one_scenario_under_opentelemetry_instrument(demo, clone):
         assert f'"mcp.resumption.gap.kind": "{kind}"' in result.stdout
 
 
-def test_demo_as_a_scrape_target(demo, clone):
+def test_demo_as_a_scrape_target(demo, clone, tmp_path):
     port = free_port()
     command = SCRAPE_TARGET.replace("9464", str(port))
-    process = subprocess.Popen(
-        shlex.split(command),
-        cwd=clone,
-        env=clean_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = tmp_path / "stderr"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            shlex.split(command),
+            cwd=clone,
+            env=clean_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     try:
         deadline, scraped = time.monotonic() + 180, ""
-        while "mcp_client_resumption_gaps_total" not in scraped:
-            assert process.poll() is None, process.stderr.read()
+        # The counters fill as the scenarios run; drain_race is one of the last.
+        while 'mcp_resumption_gap_kind="drain_race"' not in scraped:
+            assert process.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "the demo never served its gap counters"
+            time.sleep(0.5)
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
                     scraped = r.read().decode()
             except OSError:
-                time.sleep(0.5)  # not listening yet: the scenarios run first
-        assert 'mcp_resumption_gap_kind="drain_race"' in scraped
+                continue  # not listening yet
+        assert "mcp_client_resumption_gaps_total{" in scraped
+        assert process.poll() is None, "--hold keeps the endpoint up"
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -179,7 +183,11 @@ def venv_env(demo, clone) -> dict[str, str]:
     """The README's ``pip`` and ``python``: the clone's venv, activated."""
     bin_dir = clone / ".venv" / "bin"
     path = f"{bin_dir}:{clean_env()['PATH']}"
-    return {"PATH": path, "VIRTUAL_ENV": str(clone / ".venv")}
+    env = {"PATH": path, "VIRTUAL_ENV": str(clone / ".venv")}
+    # "Your client's virtual environment" has your client's libraries: here the
+    # raw client's (the demo extra brings mcp 2.x, which is on httpx2).
+    run("pip install -q httpx httpx-sse", clone, **env)
+    return env
 
 
 @pytest.fixture(scope="module")
