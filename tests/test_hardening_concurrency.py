@@ -216,6 +216,22 @@ def check_counts(telemetry: Telemetry, behaviours: list[str], delivered: int) ->
 TASKS = 200
 
 
+class Barrier:
+    """asyncio.Barrier's ``wait`` for one round (asyncio.Barrier is 3.11+, and
+    the suite also runs on 3.10)."""
+
+    def __init__(self, parties: int) -> None:
+        self.parties = parties
+        self.arrived = 0
+        self.all_in = asyncio.Event()
+
+    async def wait(self) -> None:
+        self.arrived += 1
+        if self.arrived >= self.parties:
+            self.all_in.set()
+        await self.all_in.wait()
+
+
 async def _read(flavour: str, http, url: str, headers: dict, barrier=None) -> tuple[list, str]:
     ids: list[str] = []
     error = ""
@@ -245,7 +261,7 @@ def test_200_asyncio_streams_break_and_resume(raw_server, instrumented, socket_i
         raw_server.on(f"/a/{i}", script(name, id_prefix(name, i)))
 
     async def main() -> int:
-        barrier = asyncio.Barrier(TASKS)
+        barrier = Barrier(TASKS)
         limits = dict(max_connections=None, max_keepalive_connections=0)
         async with httpx.AsyncClient(verify=TLS, trust_env=False, timeout=60,
                                      limits=httpx.Limits(**limits)) as one, \

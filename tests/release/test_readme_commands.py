@@ -1,0 +1,302 @@
+"""Every shell block of README.md and dashboards/README.md, run as written.
+
+The blocks that install run in a fresh copy of the tree (what a clone gives),
+in the venv the README's first command makes there. Each block the READMEs
+show is one of the constants below, which the first test holds equal to the
+documents; the shortened runs (bench, fuzz) and the substituted port (9464,
+which another process on the machine may hold) are the only departures, and
+the READMEs say so. Not run here: ``bash scripts/test`` (it is what CI runs,
+and it runs this file) and the Grafana ``docker run`` example (no Docker
+engine on the test machines), whose mounted paths are checked instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from release_env import ROOT, clean_env, totals
+
+HERE = Path(__file__).parent
+DOCS = [ROOT / "README.md", ROOT / "dashboards" / "README.md"]
+
+DEMO = (
+    'python3 -m venv .venv && .venv/bin/pip install -q ".[demo]" && .venv/bin/mcp-resumption demo'
+)
+TESTS = "bash scripts/test"
+FROM_CLONE = (
+    "pip install opentelemetry-distro opentelemetry-exporter-otlp .\n"
+    "opentelemetry-instrument python my_mcp_client.py"
+)
+FROM_WHEEL = (
+    "pip install build && python -m build\n"
+    "pip install dist/opentelemetry_instrumentation_mcp_resumption-*.whl"
+)
+PUBLISHED = (
+    "pip install opentelemetry-distro opentelemetry-exporter-otlp "
+    "opentelemetry-instrumentation-mcp-resumption"
+)
+SCENARIO = (
+    "OTEL_TRACES_EXPORTER=console OTEL_METRICS_EXPORTER=console OTEL_LOGS_EXPORTER=console \\\n"
+    "  .venv/bin/opentelemetry-instrument .venv/bin/mcp-resumption scenario drain_race"
+)
+PROMETHEUS = (
+    "pip install opentelemetry-exporter-prometheus\n"
+    "OTEL_METRICS_EXPORTER=prometheus OTEL_EXPORTER_PROMETHEUS_PORT=9464 "
+    "opentelemetry-instrument python my_client.py"
+)
+SCRAPE_TARGET = ".venv/bin/mcp-resumption demo --prometheus-port 9464 --hold 600"
+BENCH = "bash scripts/bench            # ~5 min (plus the install on a fresh clone); --quick ~1 min"
+FUZZ = "PYTHONPATH=src:tests .venv-mcp2/bin/python tests/fuzz_sse.py --cases 100000"
+CHECKING = (
+    "bash dashboards/check.sh             # needs promtool: apt-get install -y prometheus\n"
+    ".venv-mcp2/bin/python -m pytest tests/test_dashboards.py"
+)
+DOCKER = (
+    "docker run -p 3000:3000 \\\n"
+    '  -v "$PWD/dashboards/provisioning/datasources:/etc/grafana/provisioning/datasources" \\\n'
+    '  -v "$PWD/dashboards/provisioning/dashboards:/etc/grafana/provisioning/dashboards" \\\n'
+    '  -v "$PWD/dashboards/mcp-resumption.json:'
+    '/var/lib/grafana/dashboards/mcp-resumption/mcp-resumption.json" \\\n'
+    "  grafana/grafana"
+)
+ALL = {DEMO, TESTS, FROM_CLONE, FROM_WHEEL, PUBLISHED, SCENARIO, PROMETHEUS, SCRAPE_TARGET}
+ALL |= {BENCH, FUZZ, CHECKING, DOCKER}
+
+FENCE = re.compile(r"^( *)```sh\n(.*?)^\1```$", re.DOTALL | re.MULTILINE)
+
+
+def shell_blocks(doc: Path) -> list[str]:
+    blocks = []
+    for indent, body in FENCE.findall(doc.read_text()):
+        lines = [line.removeprefix(indent) for line in body.splitlines()]
+        blocks.append("\n".join(lines))
+    return blocks
+
+
+def test_every_shell_block_is_one_that_this_file_runs():
+    found = {block for doc in DOCS for block in shell_blocks(doc)}
+    assert found == ALL, {"not run here": found - ALL, "no longer in the docs": ALL - found}
+    for doc in DOCS:
+        # A command in an indented code block would escape this file.
+        text = FENCE.sub("", doc.read_text())
+        indented = re.findall(r"\n\n((?:    \S.*\n)+)", text)
+        assert not [b for b in indented if not b.lstrip().startswith(("|", "python 3"))], indented
+
+
+def run(block: str, cwd: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block],
+        cwd=cwd,
+        env=clean_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert result.returncode == 0, f"{block}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """The tree as a clone has it: tracked files (and new ones not yet committed)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    target = tmp_path_factory.mktemp("clone")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, target / name)
+    return target
+
+
+@pytest.fixture(scope="module")
+def demo(clone) -> subprocess.CompletedProcess:
+    return run(DEMO, clone)
+
+
+def test_demo_command(demo):
+    assert re.search(r"^(\d+) of \1 scenarios match their ground truth$", demo.stdout, re.M)
+    assert " FAIL" not in demo.stdout
+
+
+def test_one_scenario_under_opentelemetry_instrument(demo, clone):
+    result = run(SCENARIO, clone)
+    for kind in ("drain_race", "orphaned_request"):
+        assert f'"mcp.resumption.gap.kind": "{kind}"' in result.stdout
+
+
+def test_demo_as_a_scrape_target(demo, clone, tmp_path):
+    port = free_port()
+    command = SCRAPE_TARGET.replace("9464", str(port))
+    log = tmp_path / "stderr"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            shlex.split(command),
+            cwd=clone,
+            env=clean_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        deadline, scraped = time.monotonic() + 180, ""
+        # The counters fill as the scenarios run; drain_race is one of the last.
+        while 'mcp_resumption_gap_kind="drain_race"' not in scraped:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the demo never served its gap counters"
+            time.sleep(0.5)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    scraped = r.read().decode()
+            except OSError:
+                continue  # not listening yet
+        assert "mcp_client_resumption_gaps_total{" in scraped
+        assert process.poll() is None, "--hold keeps the endpoint up"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def venv_env(demo, clone) -> dict[str, str]:
+    """The README's ``pip`` and ``python``: the clone's venv, activated."""
+    bin_dir = clone / ".venv" / "bin"
+    path = f"{bin_dir}:{clean_env()['PATH']}"
+    env = {"PATH": path, "VIRTUAL_ENV": str(clone / ".venv")}
+    # "Your client's virtual environment" has your client's libraries: here the
+    # raw client's (the demo extra brings mcp 2.x, which is on httpx2).
+    run("pip install -q httpx httpx-sse", clone, **env)
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(demo, clone, tmp_path_factory):
+    """The smoke test's loopback servers, for the README's ``my_mcp_client.py``
+    (the smoke test's raw httpx-sse client, copied into the clone)."""
+    for name in ("my_mcp_client.py", "my_client.py"):
+        shutil.copy(HERE / "smoke_clients.py", clone / name)
+    home = tmp_path_factory.mktemp("server")
+    shutil.copy(HERE / "smoke_server.py", home)
+    process = subprocess.Popen(
+        [str(clone / ".venv" / "bin" / "python"), "smoke_server.py"],
+        cwd=home,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
+    try:
+        yield json.loads(process.stdout.readline())
+    finally:
+        process.stdin.close()
+        process.wait(timeout=10)
+
+
+def client_env(server, venv_env, **extra: str) -> dict[str, str]:
+    # Console metrics, and no OTLP export: no collector listens here.
+    return {
+        **venv_env,
+        "SMOKE_CLIENT": "sse",
+        "SMOKE_URL": server["sse"],
+        "OTEL_TRACES_EXPORTER": "none",
+        "OTEL_METRICS_EXPORTER": "console",
+        "OTEL_LOGS_EXPORTER": "none",
+        **extra,
+    }
+
+
+def installed(venv_env: dict[str, str], clone: Path) -> dict:
+    probe = (
+        "import importlib.metadata as m, json;"
+        "d = m.distribution('opentelemetry-instrumentation-mcp-resumption');"
+        "print(json.dumps({'version': d.version, 'direct_url': d.read_text('direct_url.json')}))"
+    )
+    return json.loads(run(f"python -c {shlex.quote(probe)}", clone, **venv_env).stdout)
+
+
+@pytest.fixture(scope="module")
+def from_clone(server, venv_env, clone) -> subprocess.CompletedProcess:
+    return run(FROM_CLONE, clone, **client_env(server, venv_env))
+
+
+def test_install_from_the_clone_and_run_a_client(from_clone, venv_env, clone):
+    assert "sse client saw 1,2,3,4,5,1,2" in from_clone.stdout
+    attempts = totals(from_clone.stdout, "mcp.client.resumption.attempts", "mcp.resumption.outcome")
+    assert attempts == {"resumed": 1, "gap": 1}
+    assert installed(venv_env, clone)["direct_url"], "installed from the directory"
+
+
+@pytest.fixture(scope="module")
+def from_wheel(from_clone, venv_env, clone) -> subprocess.CompletedProcess:
+    return run(FROM_WHEEL, clone, **venv_env)
+
+
+def test_install_from_a_built_wheel(from_wheel, clone):
+    [wheel] = (clone / "dist").glob("*.whl")
+    assert wheel.name in from_wheel.stdout + from_wheel.stderr
+
+
+def test_install_by_name_once_published(from_wheel, venv_env, clone):
+    """Not on PyPI yet: the name is resolved from the wheel just built, with the
+    index switched off (so nothing else of that name can be taken instead)."""
+    run("pip uninstall -q -y opentelemetry-instrumentation-mcp-resumption", clone, **venv_env)
+    run(PUBLISHED, clone, **venv_env, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(clone / "dist"))
+    got = installed(venv_env, clone)
+    assert got["direct_url"] is None, "installed by name, not from a path"
+    assert got["version"] in next((clone / "dist").glob("*.whl")).name
+
+
+def test_prometheus_export_of_a_client(from_clone, server, venv_env, clone):
+    port = free_port()
+    command = PROMETHEUS.replace("9464", str(port))
+    result = run(command, clone, **client_env(server, venv_env, SMOKE_SCRAPE="1"))
+    assert "mcp_client_resumption_attempts_total{" in result.stdout
+    assert re.search(r'mcp_resumption_outcome="resumed"[^}]*} 1\.0', result.stdout), result.stdout
+
+
+def test_bench_shortened():
+    result = run(BENCH.split("#")[0].strip() + " --quick --rounds 1 --json /dev/null", ROOT)
+    assert "SSE throughput" in result.stdout
+
+
+def test_fuzz_shortened():
+    run(FUZZ.replace("--cases 100000", "--cases 50"), ROOT)
+
+
+def test_dashboards_checks():
+    result = run(CHECKING, ROOT)
+    assert re.search(r"\d+ passed", result.stdout)
+
+
+def test_docker_example_mounts_what_grafana_expects():
+    mounts = dict(
+        mount.removeprefix("$PWD/").split(":", 1) for mount in re.findall(r'-v "([^"]+)"', DOCKER)
+    )
+    for source in mounts:
+        assert (ROOT / source).exists(), source
+    provider = (ROOT / "dashboards/provisioning/dashboards/mcp-resumption.yaml").read_text()
+    [path] = re.findall(r"^\s*path:\s*(\S+)", provider, re.M)
+    assert Path(mounts["dashboards/mcp-resumption.json"]).parent == Path(path)
+    assert mounts["dashboards/provisioning/datasources"].endswith("provisioning/datasources")
+    assert mounts["dashboards/provisioning/dashboards"].endswith("provisioning/dashboards")
