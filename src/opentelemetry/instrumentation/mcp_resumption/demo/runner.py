@@ -37,7 +37,8 @@ def _sums(reader: InMemoryMetricReader, metric_name: str, attribute: str) -> dic
                     for point in metric.data.data_points:
                         key = str(point.attributes.get(attribute))
                         sums[key] = sums.get(key, 0) + int(point.value)
-    return sums
+    # every server's series start at 0: only what was counted
+    return {key: total for key, total in sums.items() if total}
 
 
 def _outcomes(reader: InMemoryMetricReader) -> dict[str, int]:
