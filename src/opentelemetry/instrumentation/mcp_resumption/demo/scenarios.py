@@ -162,6 +162,12 @@ class Scenario:
 
 # -- staging: servers, router, teardown -------------------------------------------------
 
+# Ports the next scenarios' routers listen on, in order (the runner reserves
+# them to announce the servers before a scrape); empty: any free port.  The
+# router is what the client connects to, so its port is the server.port.
+router_ports: list[int] = []
+last_router_port = 0
+
 
 class _Stage:
     """The servers and the router of one scenario; everything stops on exit."""
@@ -177,7 +183,10 @@ class _Stage:
         return Backend(name=name, port=server.port)
 
     async def route(self, policy: Policy) -> Router:
-        self.router = await Router(policy).start()
+        global last_router_port
+        port, router_ports[:] = (router_ports[0], router_ports[1:]) if router_ports else (0, [])
+        self.router = await Router(policy).start(port)
+        last_router_port = self.router.port
         return self.router
 
     async def close(self) -> None:
