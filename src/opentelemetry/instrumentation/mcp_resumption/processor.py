@@ -439,6 +439,7 @@ class ContinuityProcessor(SpanProcessor):
         # Both transports: a server migrated from SSE is resumed over
         # streamable HTTP, and that series must exist before its first count.
         for transport in (sc.TRANSPORT_SSE, sc.TRANSPORT_STREAMABLE_HTTP):
+            self._event_totals.add((transport, address, port), 0)
             for kind in sc.GAP_KINDS:
                 self._gaps.add(0, {sc.GAP_KIND: kind, sc.MCP_TRANSPORT: transport, **server})
             for previous in sc.PREVIOUS_TRANSPORTS:

@@ -67,18 +67,42 @@ def _durations(reader: InMemoryMetricReader) -> dict[str, Any]:
     return merged
 
 
+def _points(reader: InMemoryMetricReader, metric_name: str) -> list:
+    data = reader.get_metrics_data()
+    return [
+        point
+        for resource in (data.resource_metrics if data else ())
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == metric_name
+        for point in metric.data.data_points
+    ]
+
+
 def _counted(reader: InMemoryMetricReader) -> dict[str, Any]:
+    crossings = 0
+    for point in _points(reader, sc.ATTEMPTS[0]):
+        previous = point.attributes.get(sc.RESUMPTION_PREVIOUS_TRANSPORT)
+        if previous not in (sc.NO_PREVIOUS_TRANSPORT, point.attributes.get(sc.MCP_TRANSPORT)):
+            crossings += int(point.value)
+    replayed: dict[str, int] = {}
+    for point in _points(reader, sc.REPLAYED_EVENTS[0]):
+        outcome = str(point.attributes.get(sc.RESUMPTION_OUTCOME))
+        replayed[outcome] = replayed.get(outcome, 0) + int(point.sum)
     return {
         "attempts": _outcomes(reader),
         "gaps": _sums(reader, sc.GAPS[0], sc.GAP_KIND),
         "duration": _durations(reader),
+        "transport_crossings": {"all": crossings} if crossings else {},
+        "replayed_events": replayed,
+        "stream_events": {"all": sum(int(p.value) for p in _points(reader, sc.STREAM_EVENTS[0]))},
     }
 
 
 def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """What one scenario added to the totals of ``_counted``."""
     changed = {}
-    for name in ("attempts", "gaps"):
+    for name in ("attempts", "gaps", "transport_crossings", "replayed_events", "stream_events"):
         changed[name] = {
             key: value - before[name].get(key, 0)
             for key, value in after[name].items()
