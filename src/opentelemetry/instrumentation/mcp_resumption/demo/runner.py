@@ -60,6 +60,8 @@ def _durations(reader: InMemoryMetricReader) -> dict[str, Any]:
             for metric in scope.metrics:
                 if metric.name == sc.DURATION[0]:
                     for point in metric.data.data_points:
+                        merged["bounds"] = list(point.explicit_bounds)
+                        counts = counts[: len(point.bucket_counts)]
                         merged["count"] += point.count
                         merged["sum"] += point.sum
                         counts = [a + b for a, b in zip(counts, point.bucket_counts)]

@@ -7,7 +7,7 @@ Every scenario starts its own servers (loopback threads) and router, drives a
 client through the failure and returns a :class:`ScenarioWire`: what the
 client saw on the wire. The ground truth (``expected_gaps``,
 ``expected_outcome``) is what a correct detector must report for it; the
-names are those of DESIGN.md section 2. Nothing here detects anything.
+names are the gap kinds and outcomes of the README. Nothing here detects anything.
 
 Raw clients go through ``httpx_sse.EventSource.aiter_sse`` (mcp 1.x) or
 ``httpx2.EventSource`` (mcp 2.x); SDK clients through the installed SDK's
@@ -58,7 +58,7 @@ __all__ = [
     "run_scenario",
 ]
 
-# DESIGN.md section 2 (the values of mcp.resumption.gap.kind / mcp.resumption.outcome).
+# The README (the values of mcp.resumption.gap.kind / mcp.resumption.outcome).
 GAP_KINDS: Final = (
     "session_changed",
     "id_regression",
