@@ -620,3 +620,45 @@ def test_promtool(args: tuple[str, ...]) -> None:
         check=False,
     )
     assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}{result.stderr}"
+
+
+# --- what an SRE keeps: rows, variables, alert list, imports, no green 0 ------------
+
+
+def test_dashboard_rows_variables_and_import(dashboard: dict[str, Any]) -> None:
+    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    assert rows == ["Overview", "SLO and error budget", "Gaps", "Latency", "Per server"]
+    variables = _variables(dashboard)
+    assert {"datasource", "job", "instance", "server_address", "slo_target"} <= set(variables)
+    assert variables["server_address"]["query"]["query"].endswith(", server_address)")
+    assert variables["tempo"]["query"] == "tempo" and variables["loki"]["query"] == "loki"
+    [prometheus] = dashboard["__inputs"]
+    assert prometheus["type"] == "datasource" and prometheus["pluginId"] == "prometheus"
+    assert variables["datasource"]["current"]["value"] == "${" + prometheus["name"] + "}"
+    # the SLO target of the dashboard is the one of the recording rules
+    [target] = [r for r in _all_rules() if r.get("record") == "mcp_resumption:slo_target"]
+    assert target["expr"].strip() == f"vector({variables['slo_target']['query']})"
+    assert any(p["type"] == "alertlist" for p in _panels(dashboard))
+
+
+def test_no_data_is_never_a_green_zero(dashboard: dict[str, Any]) -> None:
+    for panel in _panels(dashboard):
+        if panel["type"] in ("row", "alertlist"):
+            continue
+        defaults = panel["fieldConfig"]["defaults"]
+        assert defaults.get("noValue") == "No data", panel["title"]
+        if panel["type"] == "stat":
+            [mapping] = defaults["mappings"]
+            assert mapping["options"]["match"] == "null", panel["title"]
+            assert mapping["options"]["result"]["color"] != "green", panel["title"]
+
+
+def test_servers_link_to_their_traces_and_logs(dashboard: dict[str, Any]) -> None:
+    linked = [
+        p for p in _panels(dashboard) if p.get("fieldConfig", {}).get("defaults", {}).get("links")
+    ]
+    assert linked
+    for panel in linked:
+        urls = " ".join(link["url"] for link in panel["fieldConfig"]["defaults"]["links"])
+        assert "${tempo}" in urls and "mcp.resume" in urls, panel["title"]
+        assert "${loki}" in urls and "resumption.gap" in urls, panel["title"]
