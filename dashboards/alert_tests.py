@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# ruff: noqa: E501
+# (test tables read better one case to a line)
 """Writes dashboards/alerts.test.yaml, the promtool unit tests of alerts.yaml.
 
     python3 dashboards/alert_tests.py          # rewrite the tests
