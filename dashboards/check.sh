@@ -13,3 +13,5 @@ fi
 promtool check rules dashboards/alerts.yaml
 promtool test rules dashboards/alerts.test.yaml
 promtool check config dashboards/prometheus.yml
+# the dashboard and the alert tests are generated: fail if they were edited by hand
+"${PYTHON:-python3}" dashboards/generate.py --check

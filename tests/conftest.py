@@ -61,7 +61,9 @@ class Telemetry:
         for point in self.points(name):
             key = point.attributes.get(attribute)
             totals[key] = totals.get(key, 0) + int(point.value)
-        return totals
+        # The 0 points every server starts with (ContinuityProcessor.server_seen)
+        # are series, not counts.
+        return {key: total for key, total in totals.items() if total}
 
     def gap_kinds(self) -> dict[str, int]:
         return self.counts("mcp.client.resumption.gaps", "mcp.resumption.gap.kind")

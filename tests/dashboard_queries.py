@@ -19,6 +19,8 @@ DEFAULT_VARIABLES: dict[str, str] = {
     "datasource": "prometheus",
     "job": ".*",
     "instance": ".*",
+    "server_address": ".*",
+    "slo_target": "0.99",
     "__rate_interval": "1m",
     "__interval": "15s",
     "__range": "1h",

@@ -459,7 +459,8 @@ class Telemetry:
         for point in self.points(name):
             key = point.attributes.get(attribute) if attribute else None
             totals[key] = totals.get(key, 0) + int(point.value)
-        return totals
+        # the 0 points every server starts with are series, not counts
+        return {key: total for key, total in totals.items() if total}
 
     def gap_kinds(self) -> dict[str, int]:
         return self.counts("mcp.client.resumption.gaps", "mcp.resumption.gap.kind")

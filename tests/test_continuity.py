@@ -1,7 +1,7 @@
 """Event-id parsing and ordering, and the seed-compatible ``verify_resumption``.
 
 Event ids are opaque strings: integers and a fixed prefix plus a counter order
-within one prefix, everything else is opaque (DESIGN.md section 2).  The
+within one prefix, everything else is opaque (README, "How it decides").  The
 seed-compatible check must behave exactly as the code of seed 000, which is
 copied below verbatim as the oracle.
 """

@@ -91,16 +91,17 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
             "mcp_transport",
             "mcp_resumption_previous_transport",
             "server_address",
+            "server_port",
         }
     ),
     "mcp_client_resumption_gaps_total": frozenset(
-        {"mcp_resumption_gap_kind", "mcp_transport", "server_address"}
+        {"mcp_resumption_gap_kind", "mcp_transport", "server_address", "server_port"}
     ),
     "mcp_client_resumption_duration_seconds": frozenset(
-        {"mcp_resumption_outcome", "mcp_transport", "server_address"}
+        {"mcp_resumption_outcome", "mcp_transport", "server_address", "server_port"}
     ),
     "mcp_client_resumption_replayed_events": frozenset({"mcp_resumption_outcome", "mcp_transport"}),
-    "mcp_client_stream_events_total": frozenset({"mcp_transport", "server_address"}),
+    "mcp_client_stream_events_total": frozenset({"mcp_transport", "server_address", "server_port"}),
     "mcp_client_resumption_evicted_streams_total": frozenset(),
 }
 
@@ -302,7 +303,7 @@ def test_every_panel_and_target_uses_the_datasource_variable(dashboard: dict[str
     panels = _panels(dashboard)
     assert panels
     for panel in panels:
-        if panel["type"] == "row":
+        if panel["type"] in ("row", "alertlist"):  # an alert list queries Grafana itself
             continue
         title = panel.get("title")
         assert panel.get("datasource") == DATASOURCE_REF, title
@@ -356,8 +357,11 @@ def test_dashboard_queries_filter_job_and_instance_and_use_grafana_ranges(
             for selector in parse_promql(expr).selectors:
                 assert ("job", "=~", "$job") in selector.matchers, f"{title}: {expr}"
                 assert ("instance", "=~", "$instance") in selector.matchers, f"{title}: {expr}"
-                # every emitted metric is a counter or a histogram: only rates make sense
-                assert selector.range in ("$__rate_interval", "$__range"), f"{title}: {expr}"
+                # every emitted metric is a counter or a histogram: only rates make
+                # sense; fixed windows only for the burn rates of the alert rules
+                assert selector.range in ("$__rate_interval", "$__range") or (
+                    title == "Burn rate" and selector.range in ("1h", "6h")
+                ), f"{title}: {expr}"
             calls = re.findall(r"\b(rate|increase)\(\s*[\w:]+\{[^}]*\}\[([^\]]+)\]\s*\)", expr)
             assert len(calls) == len(re.findall(r"\b(?:rate|increase)\(", expr)), expr
             for function, window in calls:
@@ -381,7 +385,9 @@ def test_dashboard_has_the_agreed_panels(dashboard: dict[str, Any]) -> None:
             rf"histogram_quantile\({quantile}, .*mcp_client_resumption_duration_seconds_bucket"
         )
     assert "mcp_client_resumption_replayed_events_sum" in joined
-    assert some(r"topk\(\d+, sum by \(server_address\) \(.*mcp_client_resumption_gaps_total")
+    assert some(
+        r"topk\(\d+, sum by \(server_address, server_port\) \(.*mcp_client_resumption_gaps_total"
+    )
     assert some(
         r'mcp_transport="streamable-http", mcp_resumption_previous_transport="sse"'
         r'.* or .*mcp_transport="sse", mcp_resumption_previous_transport="streamable-http"'
@@ -393,7 +399,7 @@ def test_panel_queries_substitutes_every_variable(dashboard: dict[str, Any]) -> 
     queries = dashboard_queries.panel_queries(
         dashboard, {"job": "mcp-client", "instance": "127.0.0.1:9464", "__rate_interval": "2m"}
     )
-    assert len(queries) == sum(len(panel["targets"]) for panel in _panels(dashboard))
+    assert len(queries) == sum(len(panel.get("targets", [])) for panel in _panels(dashboard))
     for title, expr in queries:
         assert "$" not in expr, f"{title}: {expr}"
         assert 'job=~"mcp-client"' in expr and 'instance=~"127.0.0.1:9464"' in expr, title
@@ -406,11 +412,22 @@ def test_panel_queries_substitutes_every_variable(dashboard: dict[str, Any]) -> 
 # --- the alerts and the runbook ------------------------------------------------
 
 
-def _alert_rules() -> list[dict[str, Any]]:
+def _all_rules() -> list[dict[str, Any]]:
     document = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
-    rules = [rule for group in document["groups"] for rule in group["rules"]]
-    assert all("alert" in rule for rule in rules), "alerts.yaml should hold alerting rules only"
-    return rules
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def _alert_rules() -> list[dict[str, Any]]:
+    return [rule for rule in _all_rules() if "alert" in rule]
+
+
+def _recorded() -> set[str]:
+    return {rule["record"] for rule in _all_rules() if "record" in rule}
+
+
+# Alerts about the client itself, not about a server: grouped by the client.
+CLIENT_ALERTS = frozenset({"McpResumptionStreamsEvicted"})
+SEVERITIES = ("page", "ticket", "warning", "info")
 
 
 def github_anchor(heading: str) -> str:
@@ -428,12 +445,44 @@ def runbook_anchors() -> set[str]:
     return anchors
 
 
+def _without_recorded(expr: str) -> str:
+    """The expression with the recorded series (``mcp_resumption:*``) replaced
+    by an emitted metric of the same labels, for the metric checks."""
+    return re.sub(r"\bmcp_resumption:[\w:]+", "mcp_client_resumption_attempts_total", expr)
+
+
+def test_recording_rules_are_the_sli_and_use_emitted_metrics() -> None:
+    recorded = _recorded()
+    assert "mcp_resumption:slo_target" in recorded
+    for window in ("5m", "30m", "1h", "6h", "3d"):
+        assert f"mcp_resumption:sli:ratio_rate{window}" in recorded, window
+    for rule in _all_rules():
+        if "record" in rule and rule["record"] != "mcp_resumption:slo_target":
+            parsed = check_expr_metrics(rule["expr"], rule["record"])
+            for grouping in parsed.grouping:
+                assert {"job", "server_address", "server_port"} <= set(grouping), rule["record"]
+                assert "instance" not in grouping, f"{rule['record']}: grouped by client"
+    # the SLO target is one number, in one place
+    [target] = [r for r in _all_rules() if r.get("record") == "mcp_resumption:slo_target"]
+    assert re.fullmatch(r"vector\(0\.\d+\)", target["expr"].strip()), target["expr"]
+
+
 def test_alert_exprs_name_only_emitted_metrics() -> None:
+    recorded = _recorded()
     for rule in _alert_rules():
-        parsed = check_expr_metrics(rule["expr"], rule["alert"])
-        # the description names the server, so every aggregation must keep it
+        for name in re.findall(r"\bmcp_resumption:[\w:]+", rule["expr"]):
+            assert name in recorded, f"{rule['alert']}: {name} is not recorded"
+        parsed = check_expr_metrics(_without_recorded(rule["expr"]), rule["alert"])
+        # one alert per server, not per client pod: every aggregation keeps the
+        # server and drops the client instance
         for grouping in parsed.grouping:
+            if rule["alert"] in CLIENT_ALERTS:
+                assert grouping == ["job", "instance"], rule["alert"]
+                continue
             assert "server_address" in grouping, f"{rule['alert']}: by {grouping}"
+            assert "instance" not in grouping, f"{rule['alert']}: by {grouping}"
+        # the workaround that paged for old gaps after an outage is gone
+        assert "offset" not in rule["expr"], rule["alert"]
 
 
 def test_every_alert_is_complete() -> None:
@@ -444,10 +493,11 @@ def test_every_alert_is_complete() -> None:
     for rule in rules:
         name = rule["alert"]
         assert re.fullmatch(r"\d+[smh]", str(rule.get("for", ""))), f"{name}: for"
-        assert rule["labels"]["severity"] in ("critical", "page", "warning", "info"), name
+        assert rule["labels"]["severity"] in SEVERITIES, name
         annotations = rule["annotations"]
         assert annotations["summary"].strip(), name
-        assert "{{ $labels.server_address }}" in annotations["description"], name
+        if name not in CLIENT_ALERTS:
+            assert "{{ $labels.server_address }}" in annotations["description"], name
         url = annotations["runbook_url"]
         assert url.startswith(RUNBOOK_URL_PREFIX), f"{name}: {url}"
         anchor = url[len(RUNBOOK_URL_PREFIX) :]
@@ -460,31 +510,67 @@ def test_the_agreed_alerts_exist() -> None:
     def alerts_on(pattern: str) -> list[dict[str, Any]]:
         return [rule for rule in rules if re.search(pattern, rule["expr"])]
 
-    pages = [rule for rule in rules if rule["labels"]["severity"] in ("critical", "page")]
-    assert any(
-        "orphaned_request" in rule["expr"] and "drain_race" in rule["expr"] for rule in pages
-    ), "a lost tool call (orphaned_request, drain_race) must page"
-    for kind in ("session_changed", "id_regression", "replay_unconfirmed"):
+    pages = [rule for rule in rules if rule["labels"]["severity"] == "page"]
+    # pages come from the error budget only, and need more than one bad resume
+    assert {rule["alert"] for rule in pages} == {
+        "McpResumptionErrorBudgetBurnFast",
+        "McpResumptionErrorBudgetBurn",
+    }
+    burns = {
+        rule["alert"]: rule["expr"] for rule in rules if "ErrorBudgetBurn" in rule["alert"]
+    }
+    assert re.search(r"ratio_rate1h\) > 14\.4 \*.*ratio_rate5m\) > 14\.4 \*", burns[
+        "McpResumptionErrorBudgetBurnFast"], re.S)  # fmt: skip
+    assert re.search(r"ratio_rate6h\) > 6 \*.*ratio_rate30m\) > 6 \*", burns[
+        "McpResumptionErrorBudgetBurn"], re.S)  # fmt: skip
+    assert re.search(r"ratio_rate3d\) > 1 \*.*ratio_rate6h\) > 1 \*", burns[
+        "McpResumptionErrorBudgetBurnSlow"], re.S)  # fmt: skip
+    for rule in pages:
+        assert re.search(r"resumes_bad:increase\w+ >= [3-9]", rule["expr"]), rule["alert"]
+    for kind in ("orphaned_request", "drain_race", "session_changed", "id_regression",
+                 "replay_unconfirmed", "id_reused"):  # fmt: skip
         matching = alerts_on(rf'mcp_resumption_gap_kind=~?"[^"]*\b{kind}\b')
         assert matching, kind
         assert all(rule["labels"]["severity"] == "warning" for rule in matching), kind
     unverifiable = alerts_on(r'mcp_resumption_outcome="unverifiable"')
     assert unverifiable and all(
-        rule["labels"]["severity"] == "warning" and ">=" in rule["expr"] for rule in unverifiable
-    ), "the unverifiable share alert needs a minimum number of attempts"
+        rule["labels"]["severity"] == "info" and ">=" in rule["expr"] for rule in unverifiable
+    ), "the unverifiable alert is info and needs a minimum number of attempts"
+    assert alerts_on(r"mcp_client_resumption_evicted_streams_total")
+    assert alerts_on(r'mcp_resumption_outcome="rejected"')
 
 
 def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
     document = yaml.safe_load(ALERT_TESTS.read_text(encoding="utf-8"))
     assert document["rule_files"] == ["alerts.yaml"]
     firing: set[str] = set()
-    quiet: set[str] = set()
+    quiet: dict[str, set[str]] = {"quiet": set(), "outage": set(), "old counters": set()}
     for case in document["tests"]:
+        series = [s["values"] for s in case["input_series"]]
+        outage = any("_x" in values for values in series)
+        old = any(re.match(r"[1-9]\d*x", values) for values in series)
         for check in case.get("alert_rule_test", []):
-            (firing if check["exp_alerts"] else quiet).add(check["alertname"])
+            if check["exp_alerts"]:
+                firing.add(check["alertname"])
+                continue
+            quiet["quiet"].add(check["alertname"])
+            if outage:
+                quiet["outage"].add(check["alertname"])
+            if old:
+                quiet["old counters"].add(check["alertname"])
     names = {rule["alert"] for rule in _alert_rules()}
     assert names - firing == set(), "alerts without a firing test"
-    assert names - quiet == set(), "alerts without a quiet test"
+    for what, alerts in quiet.items():
+        assert names - alerts == set(), f"alerts without a quiet test ({what})"
+
+
+@pytest.mark.parametrize("script", ["generate.py", "alert_tests.py"])
+def test_generated_files_are_up_to_date(script: str) -> None:
+    result = subprocess.run(
+        [sys.executable, str(DASHBOARDS / script), "--check"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_runbook_says_how_to_confirm_and_what_to_change() -> None:
@@ -534,3 +620,45 @@ def test_promtool(args: tuple[str, ...]) -> None:
         check=False,
     )
     assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}{result.stderr}"
+
+
+# --- what an SRE keeps: rows, variables, alert list, imports, no green 0 ------------
+
+
+def test_dashboard_rows_variables_and_import(dashboard: dict[str, Any]) -> None:
+    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    assert rows == ["Overview", "SLO and error budget", "Gaps", "Latency", "Per server"]
+    variables = _variables(dashboard)
+    assert {"datasource", "job", "instance", "server_address", "slo_target"} <= set(variables)
+    assert variables["server_address"]["query"]["query"].endswith(", server_address)")
+    assert variables["tempo"]["query"] == "tempo" and variables["loki"]["query"] == "loki"
+    [prometheus] = dashboard["__inputs"]
+    assert prometheus["type"] == "datasource" and prometheus["pluginId"] == "prometheus"
+    assert variables["datasource"]["current"]["value"] == "${" + prometheus["name"] + "}"
+    # the SLO target of the dashboard is the one of the recording rules
+    [target] = [r for r in _all_rules() if r.get("record") == "mcp_resumption:slo_target"]
+    assert target["expr"].strip() == f"vector({variables['slo_target']['query']})"
+    assert any(p["type"] == "alertlist" for p in _panels(dashboard))
+
+
+def test_no_data_is_never_a_green_zero(dashboard: dict[str, Any]) -> None:
+    for panel in _panels(dashboard):
+        if panel["type"] in ("row", "alertlist"):
+            continue
+        defaults = panel["fieldConfig"]["defaults"]
+        assert defaults.get("noValue") == "No data", panel["title"]
+        if panel["type"] == "stat":
+            [mapping] = defaults["mappings"]
+            assert mapping["options"]["match"] == "null", panel["title"]
+            assert mapping["options"]["result"]["color"] != "green", panel["title"]
+
+
+def test_servers_link_to_their_traces_and_logs(dashboard: dict[str, Any]) -> None:
+    linked = [
+        p for p in _panels(dashboard) if p.get("fieldConfig", {}).get("defaults", {}).get("links")
+    ]
+    assert linked
+    for panel in linked:
+        urls = " ".join(link["url"] for link in panel["fieldConfig"]["defaults"]["links"])
+        assert "${tempo}" in urls and "mcp.resume" in urls, panel["title"]
+        assert "${loki}" in urls and "resumption.gap" in urls, panel["title"]

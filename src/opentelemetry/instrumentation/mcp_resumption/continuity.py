@@ -174,6 +174,7 @@ class Gap:
     observed: str
     message: str
     request_id: str | None = None
+    method: str | None = None  # the JSON-RPC method of request_id, when known
 
 
 @dataclass(frozen=True)
@@ -324,6 +325,7 @@ def orphaned_request_rule(request_id: str, method: str, why: str) -> Gap:
             f"the stream broke and its response will not arrive ({why}); re-issue it"
         ),
         request_id=request_id,
+        method=method or None,
     )
 
 

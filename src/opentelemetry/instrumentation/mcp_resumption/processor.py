@@ -38,7 +38,14 @@ from opentelemetry import metrics, trace
 
 from . import config, span_hook
 from . import semconv as sc
-from .continuity import Gap, GapKind, ResumeCursorRaceError, ResumptionGapError, Verdict
+from .continuity import (
+    Gap,
+    GapKind,
+    Outcome,
+    ResumeCursorRaceError,
+    ResumptionGapError,
+    Verdict,
+)
 from .deferral import Deferred, collecting
 from .tracker import NOTHING, Step, Stream, Tracker, bounded_id
 from .version import __version__
@@ -54,6 +61,9 @@ SESSION_HASH_CACHE = 1024
 # Session ids at least this long are scrubbed from exported text wherever they
 # appear; shorter ones only as a whole token.
 MIN_SCRUBBED_ANYWHERE = 8
+# Servers whose counters are started at 0 (server_seen); beyond, new servers'
+# series start at their first count, as without it.
+MAX_ZERO_SERIES_SERVERS = 1024
 
 # Where HTTP client spans record a URL or its query (stable and older semconv).
 _URL_ATTRIBUTES = ("url.full", "url.query", "http.url", "http.target")
@@ -78,6 +88,7 @@ class RequestFacts:
     legacy_session_id: str | None = None  # sessionId / session_id query parameter
     protocol_version: str | None = None
     requests: list[tuple[str, str]] = field(default_factory=list)  # JSON-RPC (id key, method)
+    port: int | None = None  # server.port: with the address, what tells servers apart
 
 
 class StreamContext:
@@ -101,7 +112,7 @@ class StreamContext:
         self.facts = facts
         self.stream = stream
         self.transport = transport
-        self.attributes = {sc.MCP_TRANSPORT: transport, sc.SERVER_ADDRESS: facts.host}
+        self.attributes = {sc.MCP_TRANSPORT: transport, **server_attributes(facts)}
         self.span: Span | None = None
         self.started = 0.0
         self.error: ResumptionGapError | None = None
@@ -109,7 +120,7 @@ class StreamContext:
         # Events read but not yet added to the totals, and when they last were.
         self.uncounted = 0
         self.counted_at = time.monotonic()
-        self.events_key = (transport, facts.host)
+        self.events_key = (transport, facts.host, facts.port)
 
 
 @dataclass
@@ -189,23 +200,26 @@ class _EventTotals:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._totals: dict[tuple[str, str], int] = {}
+        self._totals: dict[tuple[str, str, int | None], int] = {}
         _reset_in_child.add(self)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # the totals go on, like a counter's
 
-    def add(self, key: tuple[str, str], events: int) -> None:
+    def add(self, key: tuple[str, str, int | None], events: int) -> None:
         with self._lock:
             self._totals[key] = self._totals.get(key, 0) + events
 
     def observe(self, options: CallbackOptions) -> list[Observation]:
         with self._lock:
             totals = list(self._totals.items())
-        return [
-            Observation(events, {sc.MCP_TRANSPORT: transport, sc.SERVER_ADDRESS: host})
-            for (transport, host), events in totals
-        ]
+        observations = []
+        for (transport, host, port), events in totals:
+            attributes: dict[str, Any] = {sc.MCP_TRANSPORT: transport, sc.SERVER_ADDRESS: host}
+            if port is not None:
+                attributes[sc.SERVER_PORT] = port
+            observations.append(Observation(events, attributes))
+        return observations
 
 
 class _LogBudget:
@@ -241,10 +255,14 @@ class _Instruments:
     event totals would never be read."""
 
     def __init__(self, meter_provider: metrics.MeterProvider | None) -> None:
-        meter = metrics.get_meter(sc.INSTRUMENTATION_NAME, __version__, meter_provider)
+        meter = metrics.get_meter(
+            sc.INSTRUMENTATION_NAME, __version__, meter_provider, schema_url=sc.SCHEMA_URL
+        )
         self.attempts = meter.create_counter(*sc.ATTEMPTS)
         self.gaps = meter.create_counter(*sc.GAPS)
-        self.duration = meter.create_histogram(*sc.DURATION)
+        self.duration = meter.create_histogram(
+            *sc.DURATION, explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS
+        )
         self.replayed = meter.create_histogram(*sc.REPLAYED_EVENTS)
         self.event_totals = _EventTotals()
         name, unit, description = sc.STREAM_EVENTS
@@ -305,7 +323,10 @@ class ContinuityProcessor(SpanProcessor):
         self.tracker = Tracker(self.settings.max_streams, self.settings.replay_contract)
         self.enabled = True
         self._tracer = trace.get_tracer(
-            sc.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
+            sc.INSTRUMENTATION_NAME,
+            __version__,
+            tracer_provider=tracer_provider,
+            schema_url=sc.SCHEMA_URL,
         )
         self._span_source = tracer_provider  # None: the global one, maybe set later
         self.attached = False
@@ -318,8 +339,12 @@ class ContinuityProcessor(SpanProcessor):
         self._evicted = instruments.evicted
         self._evicted_reported = 0
         self._events_logger = get_logger(
-            sc.INSTRUMENTATION_NAME, __version__, logger_provider=logger_provider
+            sc.INSTRUMENTATION_NAME,
+            __version__,
+            logger_provider=logger_provider,
+            schema_url=sc.SCHEMA_URL,
         )
+        self._servers_seen: set[tuple[str, int | None]] = set()
         self._hash_key = os.urandom(32)
         self._session_hashes: dict[str, str] = {}
         self._deadlines = _Deadlines()
@@ -439,7 +464,7 @@ class ContinuityProcessor(SpanProcessor):
         span = self._tracer.start_span(
             sc.RESUME_SPAN_NAME,
             kind=SpanKind.INTERNAL,
-            attributes={sc.SERVER_ADDRESS: facts.host, **attributes},
+            attributes={**server_attributes(facts), **attributes},
         )
         return ResumeStart(span, time.monotonic())
 
@@ -454,6 +479,7 @@ class ContinuityProcessor(SpanProcessor):
         """The response's headers arrived.  Returns the context of the SSE
         stream to read, or None when there is nothing to follow."""
         self._deferred.run()  # a stream that ended in a finalizer, before this one opens
+        self.server_seen(facts.host, facts.port)
         if not event_stream:
             if facts.legacy_session_id and facts.requests and status < 300:
                 # Legacy transport: the answer comes on the session's GET stream.
@@ -499,6 +525,37 @@ class ContinuityProcessor(SpanProcessor):
                 self.settings.confirm_timeout, lambda: self._timeout(context)
             )
         return context
+
+    def server_seen(self, address: str, port: int | None) -> None:
+        """Start the counters of a server at 0 the first time it is seen.
+
+        Prometheus' ``increase()`` and ``rate()`` cannot see a series that is
+        born at 1: without a 0 point per outcome and gap kind, the first gap
+        against a server would show as no gap at all.  Called at each response;
+        the set makes it a lookup after the first.  Also callable by hand for
+        servers known up front."""
+        key = (address, port)
+        if key in self._servers_seen or len(self._servers_seen) >= MAX_ZERO_SERIES_SERVERS:
+            return
+        self._servers_seen.add(key)
+        server = {sc.SERVER_ADDRESS: address}
+        if port is not None:
+            server[sc.SERVER_PORT] = port
+        # Both transports: a server migrated from SSE is resumed over
+        # streamable HTTP, and that series must exist before its first count.
+        for transport in (sc.TRANSPORT_SSE, sc.TRANSPORT_STREAMABLE_HTTP):
+            self._event_totals.add((transport, address, port), 0)
+            for kind in sc.GAP_KINDS:
+                self._gaps.add(0, {sc.GAP_KIND: kind, sc.MCP_TRANSPORT: transport, **server})
+            for previous in sc.PREVIOUS_TRANSPORTS:
+                for outcome in sc.OUTCOMES:
+                    attributes = {
+                        sc.RESUMPTION_OUTCOME: outcome,
+                        sc.MCP_TRANSPORT: transport,
+                        sc.RESUMPTION_PREVIOUS_TRANSPORT: previous,
+                        **server,
+                    }
+                    self._attempts.add(0, attributes)
 
     def event(
         self, context: StreamContext, event_type: str, event_id: str | None, data: str
@@ -579,11 +636,12 @@ class ContinuityProcessor(SpanProcessor):
             sc.GAP_KIND: gap.kind.value,
             sc.GAP_EXPECTED: self.scrub(gap.expected, sessions),
             sc.GAP_OBSERVED: self.scrub(gap.observed, sessions),
-            sc.MCP_TRANSPORT: context.transport,
-            sc.SERVER_ADDRESS: context.facts.host,
+            **context.attributes,
         }
         if gap.request_id is not None:
-            attributes[sc.JSONRPC_REQUEST_ID] = gap.request_id
+            attributes[sc.JSONRPC_REQUEST_ID] = exported_request_id(gap.request_id)
+        if gap.method is not None:
+            attributes[sc.MCP_METHOD_NAME] = gap.method
         span = context.span
         if span is None or not span.is_recording():
             span = trace.get_current_span()
@@ -604,18 +662,18 @@ class ContinuityProcessor(SpanProcessor):
     def _finish(self, context: StreamContext, verdict: Verdict, previous: str | None) -> None:
         outcome = verdict.outcome.value
         base = {sc.RESUMPTION_OUTCOME: outcome, sc.MCP_TRANSPORT: context.transport}
+        server = server_attributes(context.facts)
         self._attempts.add(
             1,
             {
                 **base,
                 sc.RESUMPTION_PREVIOUS_TRANSPORT: previous or sc.NO_PREVIOUS_TRANSPORT,
-                sc.SERVER_ADDRESS: context.facts.host,
+                **server,
             },
         )
         if context.started:
             self._duration.record(
-                max(0.0, time.monotonic() - context.started),
-                {**base, sc.SERVER_ADDRESS: context.facts.host},
+                max(0.0, time.monotonic() - context.started), {**base, **server}
             )
         self._replayed.record(verdict.replayed_events, base)
         span = context.span
@@ -629,6 +687,12 @@ class ContinuityProcessor(SpanProcessor):
                     span.set_attribute(sc.RESUMPTION_FIRST_EVENT_ID, first)
                 if previous:
                     span.set_attribute(sc.RESUMPTION_PREVIOUS_TRANSPORT, previous)
+                if verdict.outcome is Outcome.REJECTED:
+                    # error.type of an HTTP failure is its status code, as text
+                    status = (getattr(span, "attributes", None) or {}).get(
+                        sc.HTTP_RESPONSE_STATUS_CODE
+                    )
+                    span.set_attribute(sc.ERROR_TYPE, str(status) if status else "_OTHER")
                 if verdict.gaps:
                     message = self.scrub(verdict.gaps[0].message, sessions)
                     span.set_status(trace.Status(trace.StatusCode.ERROR, message))
@@ -663,6 +727,22 @@ class ContinuityProcessor(SpanProcessor):
         ):
             return sc.TRANSPORT_STREAMABLE_HTTP
         return sc.TRANSPORT_SSE
+
+
+def server_attributes(facts: RequestFacts) -> dict[str, Any]:
+    """server.address and, when known, server.port: loopback or one host's
+    several servers are told apart only by the port."""
+    if facts.port is None:
+        return {sc.SERVER_ADDRESS: facts.host}
+    return {sc.SERVER_ADDRESS: facts.host, sc.SERVER_PORT: facts.port}
+
+
+def exported_request_id(key: str) -> str:
+    """The JSON-RPC id as the conventions export it: ``req-7``, not the
+    tracker's key ``"req-7"`` (whose quotes keep ``1`` and ``"1"`` apart)."""
+    if len(key) >= 2 and key[0] == '"' and key[-1] == '"':
+        return key[1:-1]
+    return key
 
 
 def enforcement_error(gaps: tuple[Gap, ...]) -> ResumptionGapError:

@@ -6,13 +6,34 @@ Dashboards, alert rules and users' queries depend on these strings: change
 one only with a changelog entry.
 """
 
+# Re-exported (``X as X``), so that every name stays reachable from this module.
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE as ERROR_TYPE
+from opentelemetry.semconv.attributes.http_attributes import (
+    HTTP_RESPONSE_STATUS_CODE as HTTP_RESPONSE_STATUS_CODE,
+)
+from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS as SERVER_ADDRESS
+from opentelemetry.semconv.attributes.server_attributes import SERVER_PORT as SERVER_PORT
+
 from .continuity import GapKind, Outcome
 
 INSTRUMENTATION_NAME = "opentelemetry.instrumentation.mcp_resumption"
+# The semantic conventions release whose MCP attributes (mcp.method.name,
+# mcp.session.id, mcp.protocol.version, jsonrpc.request.id) these names follow.
+# A literal: opentelemetry-semantic-conventions at our floor (0.60b0) lists
+# schemas up to 1.38 only.
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.39.0"
 
-# -- attributes
+# Stable attributes come from opentelemetry-semantic-conventions (imported
+# above).  The MCP and JSON-RPC ones below exist there only as incubating
+# modules of releases newer than our floor, not a stable import: spelled out.
+
+# -- MCP semantic-convention attributes
 MCP_SESSION_ID = "mcp.session.id"
 MCP_PROTOCOL_VERSION = "mcp.protocol.version"
+MCP_METHOD_NAME = "mcp.method.name"
+JSONRPC_REQUEST_ID = "jsonrpc.request.id"
+
+# -- attributes of our own: the conventions have none for resumption (README, "Names")
 MCP_TRANSPORT = "mcp.transport"
 RESUMPTION_LAST_EVENT_ID = "mcp.resumption.last_event_id"
 RESUMPTION_PREVIOUS_SESSION_ID = "mcp.resumption.previous_session.id"
@@ -23,9 +44,6 @@ RESUMPTION_OUTCOME = "mcp.resumption.outcome"
 GAP_KIND = "mcp.resumption.gap.kind"
 GAP_EXPECTED = "mcp.resumption.gap.expected"
 GAP_OBSERVED = "mcp.resumption.gap.observed"
-JSONRPC_REQUEST_ID = "jsonrpc.request.id"
-SERVER_ADDRESS = "server.address"
-HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
 
 # -- values
 TRANSPORT_SSE = "sse"
@@ -33,6 +51,7 @@ TRANSPORT_STREAMABLE_HTTP = "streamable-http"
 NO_PREVIOUS_TRANSPORT = "none"
 GAP_KINDS = tuple(kind.value for kind in GapKind)
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
+PREVIOUS_TRANSPORTS = (NO_PREVIOUS_TRANSPORT, TRANSPORT_SSE, TRANSPORT_STREAMABLE_HTTP)
 
 # -- spans and events
 RESUME_SPAN_NAME = "mcp.resume"
@@ -54,6 +73,15 @@ DURATION = (
     "s",
     "Time from the reconnect request to the resume's verdict",
 )
+# Bucket boundaries for DURATION, in seconds: a verdict takes milliseconds on a
+# healthy replay and up to the confirmation window (5 s by default, set by
+# OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT) or a slow server's first event.
+# The SDK's default buckets (0, 5, 10, ... 10000) are meant for milliseconds and
+# put every verdict into the first bucket.
+DURATION_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
 REPLAYED_EVENTS = (
     "mcp.client.resumption.replayed_events",
     "{event}",

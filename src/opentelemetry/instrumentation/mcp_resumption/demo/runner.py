@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,9 +23,12 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from .. import McpResumptionInstrumentor
 from .. import semconv as sc
+from . import scenarios
 from .scenarios import all_scenarios
 
 SETTLE_SECONDS = 1.0  # the confirmation window the demo runs with
+# How long --prometheus-port waits for the scrape that sees every server at 0.
+FIRST_SCRAPE_TIMEOUT = 60.0
 
 
 def _sums(reader: InMemoryMetricReader, metric_name: str, attribute: str) -> dict[str, int]:
@@ -37,19 +42,144 @@ def _sums(reader: InMemoryMetricReader, metric_name: str, attribute: str) -> dic
                     for point in metric.data.data_points:
                         key = str(point.attributes.get(attribute))
                         sums[key] = sums.get(key, 0) + int(point.value)
-    return sums
+    # every server's series start at 0: only what was counted
+    return {key: total for key, total in sums.items() if total}
 
 
 def _outcomes(reader: InMemoryMetricReader) -> dict[str, int]:
     return _sums(reader, sc.ATTEMPTS[0], sc.RESUMPTION_OUTCOME)
 
 
-def _prometheus_reader(port: int) -> MetricReader:
+def _durations(reader: InMemoryMetricReader) -> dict[str, Any]:
+    """The duration histogram summed over its series: count, sum, buckets."""
+    merged: dict[str, Any] = {"count": 0, "sum": 0.0, "bounds": list(sc.DURATION_BUCKETS)}
+    counts = [0] * (len(sc.DURATION_BUCKETS) + 1)
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == sc.DURATION[0]:
+                    for point in metric.data.data_points:
+                        merged["bounds"] = list(point.explicit_bounds)
+                        counts = counts[: len(point.bucket_counts)]
+                        merged["count"] += point.count
+                        merged["sum"] += point.sum
+                        counts = [a + b for a, b in zip(counts, point.bucket_counts)]
+    merged["bucket_counts"] = counts
+    return merged
+
+
+def _points(reader: InMemoryMetricReader, metric_name: str) -> list:
+    data = reader.get_metrics_data()
+    return [
+        point
+        for resource in (data.resource_metrics if data else ())
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == metric_name
+        for point in metric.data.data_points
+    ]
+
+
+def _counted(reader: InMemoryMetricReader) -> dict[str, Any]:
+    crossings = 0
+    for point in _points(reader, sc.ATTEMPTS[0]):
+        previous = point.attributes.get(sc.RESUMPTION_PREVIOUS_TRANSPORT)
+        if previous not in (sc.NO_PREVIOUS_TRANSPORT, point.attributes.get(sc.MCP_TRANSPORT)):
+            crossings += int(point.value)
+    replayed: dict[str, int] = {}
+    for point in _points(reader, sc.REPLAYED_EVENTS[0]):
+        outcome = str(point.attributes.get(sc.RESUMPTION_OUTCOME))
+        replayed[outcome] = replayed.get(outcome, 0) + int(point.sum)
+    return {
+        "attempts": _outcomes(reader),
+        "gaps": _sums(reader, sc.GAPS[0], sc.GAP_KIND),
+        "duration": _durations(reader),
+        "transport_crossings": {"all": crossings} if crossings else {},
+        "replayed_events": replayed,
+        "stream_events": {"all": sum(int(p.value) for p in _points(reader, sc.STREAM_EVENTS[0]))},
+    }
+
+
+def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """What one scenario added to the totals of ``_counted``."""
+    changed = {}
+    for name in ("attempts", "gaps", "transport_crossings", "replayed_events", "stream_events"):
+        changed[name] = {
+            key: value - before[name].get(key, 0)
+            for key, value in after[name].items()
+            if value > before[name].get(key, 0)
+        }
+    a, b = after["duration"], before["duration"]
+    changed["duration"] = {
+        "count": a["count"] - b["count"],
+        "sum": a["sum"] - b["sum"],
+        "bounds": a["bounds"],
+        "bucket_counts": [x - y for x, y in zip(a["bucket_counts"], b["bucket_counts"])],
+    }
+    return changed
+
+
+class _Scrapes:
+    """Counts the scrapes of the Prometheus endpoint."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = threading.Condition()
+
+    def seen(self) -> None:
+        with self.changed:
+            self.count += 1
+            self.changed.notify_all()
+
+    def wait_after(self, count: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.count > count, timeout)
+
+
+def _prometheus_reader(port: int, scrapes: _Scrapes) -> MetricReader:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import start_http_server
 
+    class CountingReader(PrometheusMetricReader):
+        def _receive_metrics(self, metrics_data: Any, *args: Any, **kwargs: Any) -> None:
+            super()._receive_metrics(metrics_data, *args, **kwargs)
+            scrapes.seen()
+
+    reader = CountingReader()
     start_http_server(port, addr="127.0.0.1")
-    return PrometheusMetricReader()
+    return reader
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _announce_servers(
+    instrumentor: McpResumptionInstrumentor, count: int, scrapes: _Scrapes
+) -> None:
+    """A real client knows its servers long before a stream breaks, and
+    Prometheus has scraped their counters at 0 by then; the demo's scenarios
+    break their streams within a second of the first request.  So, for a
+    scrape, the routers' ports are chosen up front, their servers are seen
+    (every series at 0), and the scenarios start once a scrape has read that:
+    otherwise each first count would be a series born at 1, which increase()
+    cannot see."""
+    ports = [_free_port() for _ in range(count)]
+    scenarios.router_ports[:] = ports
+    before = scrapes.count
+    for port in ports:
+        instrumentor.processor.server_seen("127.0.0.1", port)
+    print("waiting for a scrape of the metrics endpoint ...", file=sys.stderr, flush=True)
+    if not scrapes.wait_after(before, FIRST_SCRAPE_TIMEOUT):
+        print(
+            f"no scrape within {FIRST_SCRAPE_TIMEOUT:g} s: the first counts will not show "
+            "in increase() and rate()",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _otlp(tracer_provider: TracerProvider, logger_provider: LoggerProvider) -> list[MetricReader]:
@@ -88,8 +218,9 @@ def run(
     tracer_provider = TracerProvider(resource=resource)
     reader = InMemoryMetricReader()
     readers: list[Any] = [reader, *_otlp(tracer_provider, logger_provider)]
+    scrapes = _Scrapes()
     if prometheus_port is not None:
-        readers.append(_prometheus_reader(prometheus_port))
+        readers.append(_prometheus_reader(prometheus_port, scrapes))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
     instrumentor = McpResumptionInstrumentor()
     instrumentor.instrument(
@@ -99,15 +230,18 @@ def run(
         confirm_timeout=SETTLE_SECONDS,
     )
     rows = []
+    selected = [s for s in all_scenarios() if not wanted or s.name in wanted]
     try:
-        for scenario in all_scenarios():
-            if wanted and scenario.name not in wanted:
-                continue
+        if prometheus_port is not None:
+            _announce_servers(instrumentor, len(selected), scrapes)
+        for scenario in selected:
             print(f"running {scenario.name} ...", file=sys.stderr, flush=True)
             logs.clear()
-            before = _outcomes(reader)
+            counted_before = _counted(reader)
+            before = counted_before["attempts"]
             wire = asyncio.run(scenario.run())
             time.sleep(SETTLE_SECONDS + 0.2)  # let open confirmation windows close
+            counted = _difference(_counted(reader), counted_before)
             after = _outcomes(reader)
             outcomes = sorted(k for k in after if after[k] > before.get(k, 0))
             detected = sorted(
@@ -130,6 +264,11 @@ def run(
                     and scenario.expected_outcome in outcomes
                     and (bool(expected) or "gap" not in outcomes),
                     "resumes": len(wire.resumes),
+                    # what the plugin counted in this scenario, and against
+                    # which server (the router the client connected to)
+                    "server_address": "127.0.0.1",
+                    "server_port": scenarios.last_router_port,
+                    "counted": counted,
                 }
             )
         totals = {
@@ -142,6 +281,7 @@ def run(
             print(f"holding the metrics endpoint for {hold:g} s ...", file=sys.stderr, flush=True)
             time.sleep(hold)
     finally:
+        scenarios.router_ports[:] = []
         instrumentor.uninstrument()
         for provider in (tracer_provider, meter_provider, logger_provider):
             provider.shutdown()

@@ -7,7 +7,7 @@ Every scenario starts its own servers (loopback threads) and router, drives a
 client through the failure and returns a :class:`ScenarioWire`: what the
 client saw on the wire. The ground truth (``expected_gaps``,
 ``expected_outcome``) is what a correct detector must report for it; the
-names are those of DESIGN.md section 2. Nothing here detects anything.
+names are the gap kinds and outcomes of the README. Nothing here detects anything.
 
 Raw clients go through ``httpx_sse.EventSource.aiter_sse`` (mcp 1.x) or
 ``httpx2.EventSource`` (mcp 2.x); SDK clients through the installed SDK's
@@ -58,7 +58,7 @@ __all__ = [
     "run_scenario",
 ]
 
-# DESIGN.md section 2 (the values of mcp.resumption.gap.kind / mcp.resumption.outcome).
+# The README (the values of mcp.resumption.gap.kind / mcp.resumption.outcome).
 GAP_KINDS: Final = (
     "session_changed",
     "id_regression",
@@ -162,6 +162,12 @@ class Scenario:
 
 # -- staging: servers, router, teardown -------------------------------------------------
 
+# Ports the next scenarios' routers listen on, in order (the runner reserves
+# them to announce the servers before a scrape); empty: any free port.  The
+# router is what the client connects to, so its port is the server.port.
+router_ports: list[int] = []
+last_router_port = 0
+
 
 class _Stage:
     """The servers and the router of one scenario; everything stops on exit."""
@@ -177,7 +183,10 @@ class _Stage:
         return Backend(name=name, port=server.port)
 
     async def route(self, policy: Policy) -> Router:
-        self.router = await Router(policy).start()
+        global last_router_port
+        port, router_ports[:] = (router_ports[0], router_ports[1:]) if router_ports else (0, [])
+        self.router = await Router(policy).start(port)
+        last_router_port = self.router.port
         return self.router
 
     async def close(self) -> None:

@@ -37,6 +37,9 @@ reading: contextvars.ContextVar[int | None] = contextvars.ContextVar(
 )
 
 MAX_HEADER_LENGTH = 1024
+# server.port when the URL leaves it implicit (the conventions ask for the port
+# the client connects to).
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _header(headers: Any, name: str) -> str | None:
@@ -79,6 +82,7 @@ def request_facts(request: Any) -> RequestFacts | None:
         method=method,
         server=f"{host}:{url.port}" if url.port else host,
         host=host,
+        port=url.port or _DEFAULT_PORTS.get(url.scheme),
         last_event_id=last_event_id,
         session_id=session_id,
         legacy_session_id=legacy_session_id,

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+# ruff: noqa: E501
+# (test tables read better one case to a line)
+"""Writes dashboards/alerts.test.yaml, the promtool unit tests of alerts.yaml.
+
+    python3 dashboards/alert_tests.py          # rewrite the tests
+    python3 dashboards/alert_tests.py --check  # exit 1 if the file is not what this writes
+
+Every alert gets four cases: it fires, it stays quiet, it stays quiet after a
+scrape outage, and it stays quiet on a fresh Prometheus that first sees old
+counters. The expected annotations are the rule's own, with the labels filled
+in, so a test fails when an alert's wording and its labels disagree.
+Needs PyYAML (a test dependency).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).parent
+OUT = HERE / "alerts.test.yaml"
+JOB, CLIENT = "mcp-client", "client-a:9464"
+SERVER = {"server_address": "tools.example.com", "server_port": "443"}
+
+
+def rules() -> dict[str, dict[str, Any]]:
+    document = yaml.safe_load((HERE / "alerts.yaml").read_text(encoding="utf-8"))
+    return {r["alert"]: r for g in document["groups"] for r in g["rules"] if "alert" in r}
+
+
+def series(metric: str, values: str, **labels: str) -> dict[str, str]:
+    merged = {"job": JOB, "instance": CLIENT, **labels}
+    inner = ", ".join(f'{k}="{v}"' for k, v in merged.items())
+    return {"series": f"{metric}{{{inner}}}", "values": values}
+
+
+def attempts(outcome: str, values: str, server: dict = SERVER, **labels: str) -> dict[str, str]:
+    return series("mcp_client_resumption_attempts_total", values, **server,
+                  mcp_transport="streamable-http", mcp_resumption_previous_transport="none",
+                  mcp_resumption_outcome=outcome, **labels)  # fmt: skip
+
+
+def gaps(kind: str, values: str, server: dict = SERVER, **labels: str) -> dict[str, str]:
+    return series("mcp_client_resumption_gaps_total", values, **server,
+                  mcp_transport="streamable-http", mcp_resumption_gap_kind=kind, **labels)  # fmt: skip
+
+
+def expected(alert: str, **labels: str) -> dict[str, Any]:
+    rule = rules()[alert]
+    all_labels = {**rule["labels"], **labels}
+
+    def fill(text: str) -> str:
+        text = re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: all_labels[m.group(1)], text)
+        assert "{{" not in text, f"{alert}: the tests fill in labels only: {text}"
+        return " ".join(text.split())
+
+    return {"exp_labels": all_labels,
+            "exp_annotations": {k: fill(v) for k, v in rule["annotations"].items()}}  # fmt: skip
+
+
+def check(alert: str, at: str, *alerts: dict[str, Any]) -> dict[str, Any]:
+    return {"eval_time": at, "alertname": alert, "exp_alerts": list(alerts)}
+
+
+def case(name: str, inputs: list, checks: list) -> dict[str, Any]:
+    return {"name": name, "interval": "1m", "input_series": inputs, "alert_rule_test": checks}
+
+
+SRV = {"job": JOB, **SERVER}
+OTHER = {"server_address": "other.example.com", "server_port": "443"}
+OLD = {"server_address": "old.example.com", "server_port": "443"}
+
+
+def burn_cases() -> list[dict[str, Any]]:
+    fast, burn, slow = ("McpResumptionErrorBudgetBurnFast", "McpResumptionErrorBudgetBurn",
+                        "McpResumptionErrorBudgetBurnSlow")  # fmt: skip
+    return [
+        case("fast burn pages: 17 % of resumes lost events (14.4x of a 1 % budget is 14.4 %)",
+             [attempts("resumed", "0+100x90"), attempts("gap", "0+20x90")],
+             [check(fast, "60m", expected(fast, **SRV)), check(fast, "1m")]),
+        case("6x burn pages, fast burn does not: 7.4 % lost",
+             [attempts("resumed", "0+100x120"), attempts("gap", "0+8x120")],
+             [check(burn, "60m", expected(burn, **SRV)), check(fast, "60m")]),
+        case("1x burn tickets, no page: 2 % lost",
+             [attempts("resumed", "0+100x240"), attempts("rejected", "0+2x240")],
+             [check(slow, "180m", expected(slow, **SRV)), check(burn, "180m"), check(fast, "180m")]),
+        case("quiet: 0.1 % lost is within the budget",
+             [attempts("resumed", "0+1000x240"), attempts("gap", "0+1x240")],
+             [check(a, "180m") for a in (fast, burn, slow)]),
+        case("a single gap never pages, even with no other traffic",
+             [attempts("resumed", "0x120"), attempts("gap", "0x30 1x90")],
+             [check(fast, "40m"), check(burn, "60m")]),
+        case("quiet after a scrape outage: no bad resume before or after it",
+             [attempts("resumed", "0+100x30 _x30 6000+100x60"), attempts("gap", "5x30 _x30 5x60")],
+             [check(a, t) for a in (fast, burn, slow) for t in ("61m", "75m", "120m")]),
+        case("quiet on a fresh Prometheus with old counters",
+             [attempts("resumed", "0+100x120"), attempts("gap", "500x120")],
+             [check(a, t) for a in (fast, burn, slow) for t in ("5m", "90m")]),
+    ]
+
+
+def gap_cases(alert: str, kind: str, other_kind: str) -> list[dict[str, Any]]:
+    labels = {**SRV}
+    if "mcp_resumption_gap_kind" in rules()[alert]["expr"].split("sum by")[1].split(")")[0]:
+        labels["mcp_resumption_gap_kind"] = kind
+    quiet_at = ("5m", "40m")
+    return [
+        case(f"{alert} fires on one {kind} gap and resolves",
+             [gaps(kind, "0x10 1x30")],
+             [check(alert, "9m"), check(alert, "13m", expected(alert, **labels)),
+              check(alert, "30m")]),
+        case(f"{alert} quiet: other kinds only",
+             [gaps(kind, "0x40"), gaps(other_kind, "0+1x40")],
+             [check(alert, t) for t in quiet_at]),
+        case(f"{alert} quiet after a scrape outage: the gap before it is not news",
+             [gaps(kind, "0x5 1x10 _x15 1x20")],
+             [check(alert, "8m", expected(alert, **labels)), check(alert, "35m"),
+              check(alert, "45m")]),
+        case(f"{alert} quiet on a fresh Prometheus with old counters",
+             [gaps(kind, "4x40", server=OLD)],
+             [check(alert, t) for t in quiet_at]),
+    ]
+
+
+def share_cases() -> list[dict[str, Any]]:
+    storm, rejected, unverifiable = ("McpResumptionReplayUnconfirmedStorm",
+                                     "McpResumptionRejectedShareRising",
+                                     "McpResumptionServerUnverifiable")  # fmt: skip
+    cases = [
+        case("replay_unconfirmed storm: 25 % of resumes unconfirmed",
+             [attempts("resumed", "0+3x40"), attempts("gap", "0+1x40"),
+              gaps("replay_unconfirmed", "0+1x40")],
+             [check(storm, "30m", expected(storm, **SRV)), check(storm, "5m")]),
+        case("replay_unconfirmed quiet: 10 %, and old counters elsewhere",
+             [attempts("resumed", "0+9x40"), attempts("gap", "0+1x40"),
+              gaps("replay_unconfirmed", "0+1x40"),
+              attempts("gap", "300x40", server=OLD), gaps("replay_unconfirmed", "300x40", server=OLD)],
+             [check(storm, "30m")]),
+        case("replay_unconfirmed quiet after a scrape outage",
+             [attempts("resumed", "0+9x20 _x20 400+9x20"), attempts("gap", "50x20 _x20 50x20"),
+              gaps("replay_unconfirmed", "50x20 _x20 50x20")],
+             [check(storm, t) for t in ("41m", "50m", "60m")]),
+        case("rejected share rising: 33 % in the last hour, 5 % over the day",
+             [attempts("resumed", "0+10x600"), attempts("rejected", "0x540 0+5x60")],
+             [check(rejected, "600m", expected(rejected, **SRV)), check(rejected, "500m")]),
+        case("rejected share steady at 17 %: not rising",
+             [attempts("resumed", "0+10x600"), attempts("rejected", "0+2x600")],
+             [check(rejected, "600m")]),
+        case("rejected quiet after a scrape outage and with old counters",
+             [attempts("resumed", "0+10x100 _x30 1300+10x60"),
+              attempts("rejected", "40x100 _x30 40x60"),
+              attempts("rejected", "900x190", server=OLD), attempts("resumed", "0+10x190", server=OLD)],
+             [check(rejected, t) for t in ("131m", "150m", "190m")]),
+        case("unverifiable server: info, and it resolves when the share drops",
+             [attempts("unverifiable", "0+2x60 120x120"), attempts("resumed", "0+1x180")],
+             [check(unverifiable, "40m", expected(unverifiable, **SRV)),
+              check(unverifiable, "180m")]),
+        case("unverifiable quiet: 30 %, after an outage, and with old counters",
+             [attempts("unverifiable", "0+3x30 _x30 180+3x30"),
+              attempts("resumed", "0+7x30 _x30 420+7x30"),
+              attempts("unverifiable", "800x90", server=OLD),
+              attempts("resumed", "0+1x90", server=OLD)],
+             [check(unverifiable, t) for t in ("25m", "61m", "80m")]),
+    ]
+    return cases
+
+
+def evicted_cases() -> list[dict[str, Any]]:
+    alert = "McpResumptionStreamsEvicted"
+
+    def evicted(values: str, instance: str = CLIENT) -> dict[str, str]:
+        return {"series": f'mcp_client_resumption_evicted_streams_total{{job="{JOB}", '
+                          f'instance="{instance}"}}', "values": values}  # fmt: skip
+
+    return [
+        case("evictions warn and resolve",
+             [evicted("0x10 3x30")],
+             [check(alert, "13m", expected(alert, job=JOB, instance=CLIENT)),
+              check(alert, "30m")]),
+        case("no evictions: quiet",
+             [evicted("0x30")], [check(alert, "20m")]),
+        case("evictions quiet after a scrape outage and with old counters",
+             [evicted("0x5 2x5 _x15 2x20"), evicted("40x40", instance="client-b:9464")],
+             [check(alert, "7m", expected(alert, job=JOB, instance=CLIENT)),
+              check(alert, "30m"), check(alert, "40m")]),
+    ]
+
+
+def build() -> dict[str, Any]:
+    tests = burn_cases()
+    tests += gap_cases("McpResumptionLostToolCall", "orphaned_request", "session_changed")
+    tests += gap_cases("McpResumptionSessionChanged", "session_changed", "id_regression")
+    tests += gap_cases("McpResumptionEventIdRegression", "id_regression", "session_changed")
+    tests += gap_cases("McpResumptionReplayInconsistent", "id_reused", "session_changed")
+    tests += share_cases()
+    tests += evicted_cases()
+    return {"rule_files": ["alerts.yaml"], "evaluation_interval": "1m", "tests": tests}
+
+
+HEADER = """\
+# promtool unit tests for alerts.yaml, written by dashboards/alert_tests.py
+# (edit that, then run it). Every alert: firing, quiet, quiet after a scrape
+# outage, quiet on a fresh Prometheus with old counters.
+# Run: bash dashboards/check.sh  (or: promtool test rules dashboards/alerts.test.yaml)
+"""
+
+
+def main(argv: list[str]) -> int:
+    text = HEADER + yaml.safe_dump(build(), sort_keys=False, width=200, allow_unicode=True)
+    if "--check" in argv:
+        if OUT.read_text(encoding="utf-8") != text:
+            print(f"{OUT.name} is not what alert_tests.py writes: run python3 {__file__}")
+            return 1
+        return 0
+    OUT.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,445 @@
+#!/usr/bin/env python3
+# ruff: noqa: E501
+# (panel text and queries read better unbroken; not formatted by ruff format)
+"""Writes dashboards/mcp-resumption.json: every panel and query written once.
+
+    python3 dashboards/generate.py          # rewrite the JSON
+    python3 dashboards/generate.py --check  # exit 1 if the JSON is not what this writes
+
+Standard library only. Panels that Prometheus cannot answer show "No data"
+(grey), never a green 0: every series of a seen server exists from 0, so a
+real 0 is data and an empty answer means nothing was scraped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).with_name("mcp-resumption.json")
+DS = {"type": "prometheus", "uid": "${datasource}"}
+SEL = 'job=~"$job", instance=~"$instance", server_address=~"$server_address"'
+ATTEMPTS = "mcp_client_resumption_attempts_total"
+GAPS = "mcp_client_resumption_gaps_total"
+DURATION = "mcp_client_resumption_duration_seconds"
+REPLAYED = "mcp_client_resumption_replayed_events"
+EVENTS = "mcp_client_stream_events_total"
+EVICTED = "mcp_client_resumption_evicted_streams_total"
+LOST = 'mcp_resumption_gap_kind=~"orphaned_request|drain_race"'
+GOOD = 'mcp_resumption_outcome=~"resumed|caught_up"'
+VERIFIABLE = 'mcp_resumption_outcome!="unverifiable"'
+UNVERIFIABLE = 'mcp_resumption_outcome="unverifiable"'
+REJECTED = 'mcp_resumption_outcome="rejected"'
+SSE_TO_HTTP = 'mcp_transport="streamable-http", mcp_resumption_previous_transport="sse"'
+HTTP_TO_SSE = 'mcp_transport="sse", mcp_resumption_previous_transport="streamable-http"'
+NO_DATA = [{"type": "special", "options": {"match": "null", "result": {"text": "No data", "color": "text"}}}]
+
+
+def sel(metric: str, extra: str = "", *, server: bool = True) -> str:
+    base = SEL if server else 'job=~"$job", instance=~"$instance"'
+    return f"{metric}{{{base}{', ' + extra if extra else ''}}}"
+
+
+def inc(metric: str, extra: str = "", window: str = "$__range", **kw: Any) -> str:
+    return f"increase({sel(metric, extra, **kw)}[{window}])"
+
+
+def rate(metric: str, extra: str = "", **kw: Any) -> str:
+    return f"rate({sel(metric, extra, **kw)}[$__rate_interval])"
+
+
+def target(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False, **more: Any):
+    found = {"datasource": DS, "refId": ref, "expr": expr, "legendFormat": legend}
+    if instant:
+        found.update(instant=True, range=False)
+    else:
+        found.update(instant=False, range=True)
+    return {**found, **more}
+
+
+class Layout:
+    def __init__(self) -> None:
+        self.panels: list[dict[str, Any]] = []
+        self.y = 0
+        self.x = 0
+        self.row_height = 0
+        self.next_id = 1
+
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self.panels.append(
+            {"id": self._id(), "type": "row", "title": title, "collapsed": False, "panels": [],
+             "gridPos": {"x": 0, "y": self.y, "w": 24, "h": 1}}
+        )
+        self.y += 1
+
+    def _newline(self) -> None:
+        self.y += self.row_height
+        self.x, self.row_height = 0, 0
+
+    def add(self, panel: dict[str, Any], w: int, h: int) -> dict[str, Any]:
+        if self.x + w > 24:
+            self._newline()
+        panel = {"id": self._id(), "datasource": DS, **panel,
+                 "gridPos": {"x": self.x, "y": self.y, "w": w, "h": h}}
+        self.x += w
+        self.row_height = max(self.row_height, h)
+        self.panels.append(panel)
+        return panel
+
+
+def stat(title: str, description: str, expr: str, unit: str, steps: list, **options: Any):
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "targets": [target(expr, instant=True)],
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "noValue": "No data",
+                "mappings": NO_DATA,
+                "color": {"mode": "thresholds"},
+                "thresholds": {"mode": "absolute", "steps": steps},
+                **options,
+            },
+            "overrides": [],
+        },
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "none",
+            "textMode": "auto",
+            "justifyMode": "auto",
+            "orientation": "auto",
+        },
+    }
+
+
+def timeseries(title: str, description: str, targets: list, unit: str, **defaults: Any):
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "targets": targets,
+        "fieldConfig": {
+            "defaults": {"unit": unit, "noValue": "No data", "custom": {"fillOpacity": 10},
+                         **defaults},
+            "overrides": [],
+        },
+        "options": {"legend": {"displayMode": "table", "placement": "right",
+                               "calcs": ["max", "lastNotNull"]},
+                    "tooltip": {"mode": "multi", "sort": "desc"}},
+    }
+
+
+def table(title: str, description: str, expr: str, labels: list[str], value: str, **extra: Any):
+    keep = {name: False for name in labels}
+    return {
+        "type": "table",
+        "title": title,
+        "description": description,
+        "targets": [target(expr, instant=True, format="table")],
+        "fieldConfig": {"defaults": {"noValue": "No data", **extra}, "overrides": []},
+        "transformations": [
+            {"id": "organize", "options": {
+                "excludeByName": {"Time": True},
+                "renameByName": {"Value": value},
+                "indexByName": {name: i for i, name in enumerate(labels)},
+                **({"includeByName": {}} if False else {}),
+            }},
+        ],
+        "options": {"showHeader": True, "sortBy": [{"displayName": value, "desc": True}]},
+        "_keep": keep,
+    }
+
+
+def quantiles(metric: str, unit: str, title: str, description: str) -> dict[str, Any]:
+    # Cumulative buckets (max_over_time of the counters, not rate()): a
+    # histogram series is born with its first observation, which rate() and
+    # increase() cannot see; a client resumes a server rarely, so most series
+    # would show nothing. Since each client started, summed over clients.
+    def q(level: str, ref: str) -> dict[str, Any]:
+        expr = (
+            f"histogram_quantile({level}, sum by (le) (max_over_time("
+            f"{sel(metric + '_bucket')}[$__range])))"
+        )
+        return target(expr, f"p{round(float(level) * 100)}", ref)
+
+    return timeseries(title, description, [q("0.5", "A"), q("0.95", "B"), q("0.99", "C")], unit)
+
+
+def build() -> dict[str, Any]:
+    lay = Layout()
+    share = {"min": 0, "max": 1, "decimals": 1}
+    lay.row("Overview")
+    lay.add(stat(
+        "Lost tool calls in range",
+        "JSON-RPC requests whose answer never reached the application across a resume "
+        "(orphaned_request, drain_race). Anything above 0 is a lost tool call: re-issue it; "
+        "see the runbook of McpResumptionLostToolCall.",
+        f"sum({inc(GAPS, LOST)})", "short",
+        [{"color": "green", "value": None}, {"color": "red", "value": 1}], decimals=0,
+    ), 4, 4)
+    lay.add(stat(
+        "Gaps in range",
+        "Every continuity gap of any kind found on resumed streams in the time range. "
+        "A gap means events between the break and the resume were lost or unproven.",
+        f"sum({inc(GAPS)})", "short",
+        [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
+    ), 4, 4)
+    lay.add(stat(
+        "Resume attempts in range",
+        "Reconnects with Last-Event-ID that reached a verdict in the time range. The "
+        "shares beside it are out of these; few attempts make the shares noisy.",
+        f"sum({inc(ATTEMPTS)})", "short", [{"color": "text", "value": None}], decimals=0,
+    ), 4, 4)
+    lay.add(stat(
+        "Resumes proven continuous",
+        "Share of resumes proven continuous or caught up. Low means streams are resumed "
+        "into gaps, re-initialised or rejected: look at the outcome and gap panels.",
+        f"sum({inc(ATTEMPTS, GOOD)}) / sum({inc(ATTEMPTS)})", "percentunit",
+        [{"color": "red", "value": None}, {"color": "orange", "value": 0.9},
+         {"color": "green", "value": 0.99}], **share,
+    ), 4, 4)
+    lay.add(stat(
+        "Resumes unverifiable",
+        "Share of resumes whose event ids give no ordering evidence (UUIDs) or whose "
+        "cursor was evicted: a lost event there would go unnoticed.",
+        f"sum({inc(ATTEMPTS, UNVERIFIABLE)}) / sum({inc(ATTEMPTS)})",
+        "percentunit", [{"color": "text", "value": None}, {"color": "orange", "value": 0.5}],
+        **share,
+    ), 4, 4)
+    lay.add(stat(
+        "Resumes rejected",
+        "Share of resumes answered 4xx/5xx: the session or cursor was gone on the server. "
+        "A rising share means the servers drop sessions clients still use.",
+        f"sum({inc(ATTEMPTS, REJECTED)}) / sum({inc(ATTEMPTS)})",
+        "percentunit", [{"color": "text", "value": None}, {"color": "orange", "value": 0.2}],
+        **share,
+    ), 4, 4)
+    lay.add(timeseries(
+        "Resume outcomes",
+        "Resumes per second by outcome. resumed/caught_up are good; gap, reinitialized and "
+        "rejected lost events; unverifiable could not be checked.",
+        [target(f"sum by (mcp_resumption_outcome) ({rate(ATTEMPTS)})",
+                "{{mcp_resumption_outcome}}")], "reqps",
+    ), 16, 8)
+    lay.add({
+        "type": "alertlist",
+        "title": "Firing and pending alerts",
+        "description": "The McpResumption alerts of this Grafana's alerting (Prometheus rules "
+        "appear once the data source manages alerts). Each alert links to its runbook.",
+        "options": {"alertName": "McpResumption", "viewMode": "list", "groupMode": "default",
+                    "maxItems": 20, "sortOrder": 1, "dashboardAlerts": False,
+                    "stateFilter": {"firing": True, "pending": True, "noData": True,
+                                    "normal": False, "error": True},
+                    "datasource": "${datasource}"},
+    }, 8, 8)
+
+    lay.row("SLO and error budget")
+    valid = f"sum({inc(ATTEMPTS, VERIFIABLE)})"
+    good = f"sum({inc(ATTEMPTS, GOOD)})"
+    lay.add(stat(
+        "SLI: continuous or caught up, of verifiable resumes",
+        "The SLI of the alert rules over the time range: resumes proven continuous or "
+        "caught up, out of every resume that could be verified. Below the SLO target "
+        "($slo_target) spends error budget.",
+        f"{good} / {valid}", "percentunit",
+        [{"color": "red", "value": None}, {"color": "green", "value": 0.99}], **share,
+    ), 8, 5)
+    lay.add(stat(
+        "Error budget left in range",
+        "1 - (bad share / allowed bad share). 100 % is untouched, 0 % or less means the "
+        "SLO ($slo_target) was missed over the time range.",
+        f"1 - (1 - {good} / {valid}) / (1 - $slo_target)", "percentunit",
+        [{"color": "red", "value": None}, {"color": "orange", "value": 0.25},
+         {"color": "green", "value": 0.5}], decimals=1,
+    ), 8, 5)
+
+    def burn(window: str) -> str:
+        g = f"sum({inc(ATTEMPTS, GOOD, window)})"
+        v = f"sum({inc(ATTEMPTS, VERIFIABLE, window)})"
+        return f"(1 - {g} / {v}) / (1 - $slo_target)"
+
+    lay.add(timeseries(
+        "Burn rate",
+        "How fast the error budget burns (1 = exactly at the SLO). The page alerts fire at "
+        "14.4 (1h and 5m) and 6 (6h and 30m); the ticket at 1 (3d and 6h).",
+        [target(burn("1h"), "1h", "A"), target(burn("6h"), "6h", "B")], "none",
+    ), 8, 5)
+
+    lay.row("Gaps")
+    lay.add(timeseries(
+        "Gaps per second by kind",
+        "Continuity gaps by kind. orphaned_request and drain_race are lost tool calls; "
+        "session_changed and id_regression are server restarts or migrations.",
+        [target(f"sum by (mcp_resumption_gap_kind) ({rate(GAPS)})",
+                "{{mcp_resumption_gap_kind}}")], "short",
+    ), 12, 8)
+    lay.add(table(
+        "Gaps by server and kind",
+        "Gaps in the time range per server and kind, largest first: which server to look at "
+        "first. Empty means no gap (every series exists from 0).",
+        f"sum by (server_address, server_port, mcp_resumption_gap_kind) ({inc(GAPS)}) > 0",
+        ["server_address", "server_port", "mcp_resumption_gap_kind"], "gaps", decimals=0,
+    ), 12, 8)
+    lay.add(timeseries(
+        "Tracked streams evicted",
+        "Streams dropped from tracking because OTEL_PYTHON_MCP_RESUMPTION_MAX_STREAMS was "
+        "reached: their resumes are unverifiable. Raise the limit if this is not 0.",
+        [target(f"sum({rate(EVICTED, server=False)})", "evicted")], "short",
+    ), 12, 8)
+    lay.add(timeseries(
+        "Resumes that crossed a transport generation",
+        "Resumes whose stream moved between legacy SSE and streamable HTTP: a migration in "
+        "progress. Their outcomes show whether the migration loses events.",
+        [target(
+            "sum by (mcp_resumption_previous_transport, mcp_transport, mcp_resumption_outcome) ("
+            f"{rate(ATTEMPTS, SSE_TO_HTTP)} or {rate(ATTEMPTS, HTTP_TO_SSE)})",
+            "{{mcp_resumption_previous_transport}} → {{mcp_transport}}: {{mcp_resumption_outcome}}",
+        )], "reqps",
+    ), 12, 8)
+
+    lay.row("Latency")
+    lay.add(quantiles(
+        DURATION, "s", "Time from reconnect to verdict (p50 / p95 / p99, since each client started)",
+        "From the reconnect request to the verdict. Milliseconds on a healthy replay; near "
+        "the confirmation window (OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT) when the "
+        "server sends nothing.",
+    ), 12, 8)
+    mean = (
+        f"sum by (mcp_resumption_outcome) (max_over_time({sel(REPLAYED + '_sum', server=False)}[$__range]))"
+        f" / sum by (mcp_resumption_outcome) (max_over_time({sel(REPLAYED + '_count', server=False)}[$__range]))"
+    )
+    lay.add(timeseries(
+        "Replayed events per resume (since each client started)",
+        "Events a resumed stream delivered up to its verdict, mean by outcome. 0 on a gap "
+        "outcome is an empty replay; large values mean long outages.",
+        [target(mean, "mean {{mcp_resumption_outcome}}")], "short",
+    ), 12, 8)
+    lay.add(timeseries(
+        "Stream events per second",
+        "SSE events delivered to MCP clients, by transport and server: the traffic the "
+        "checks run on. A drop to 0 with resumes going on means streams are not read.",
+        [target(f"sum by (mcp_transport, server_address, server_port) ({rate(EVENTS)})",
+                "{{mcp_transport}} {{server_address}}:{{server_port}}")], "short",
+    ), 24, 7)
+
+    lay.row("Per server")
+    lay.add({
+        **stat("x", "x", "x", "short", []),
+        "type": "bargauge",
+        "title": "Servers ranked by gaps",
+        "description": "The ten servers with the most gaps in the time range. Click a bar for "
+        "its mcp.resume traces (Tempo) or resumption.gap logs (Loki), if those data "
+        "sources are set.",
+        "targets": [target(
+            f"topk(10, sum by (server_address, server_port) ({inc(GAPS)}))",
+            "{{server_address}}:{{server_port}}", instant=True,
+        )],
+        "options": {"orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
+                    "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+    }, 12, 9)
+    lay.add(table(
+        "Resumes by server and outcome",
+        "Resume attempts in the time range per server and outcome. A server with only "
+        "unverifiable resumes cannot be checked: ask for ordered event ids.",
+        f"sum by (server_address, server_port, mcp_resumption_outcome) ({inc(ATTEMPTS)}) > 0",
+        ["server_address", "server_port", "mcp_resumption_outcome"], "resumes", decimals=0,
+    ), 12, 9)
+
+    links = [
+        {"title": "mcp.resume traces of this server (Tempo)", "url":
+         "/explore?left=" + json.dumps({"datasource": "${tempo}", "queries": [{"refId": "A",
+         "queryType": "traceql", "query": '{ name = "mcp.resume" && '
+         'span.server.address = "${__field.labels.server_address}" && '
+         'span.server.port = ${__field.labels.server_port} }'}]}, separators=(",", ":"))},
+        {"title": "resumption.gap logs of this server (Loki)", "url":
+         "/explore?left=" + json.dumps({"datasource": "${loki}", "queries": [{"refId": "A",
+         "expr": '{service_name=~".+"} | event_name="resumption.gap" | '
+         'server_address="${__field.labels.server_address}"'}]}, separators=(",", ":"))},
+    ]
+    for panel in lay.panels:
+        if panel["type"] in ("bargauge", "table") and "server" in panel["title"].lower():
+            panel["fieldConfig"]["defaults"]["links"] = links
+    for panel in lay.panels:
+        panel.pop("_keep", None)
+
+    def query_var(name: str, label: str, query: str) -> dict[str, Any]:
+        return {
+            "name": name, "label": label, "type": "query", "datasource": DS,
+            "definition": query,
+            "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+            "refresh": 2, "regex": "", "sort": 1, "multi": True, "includeAll": True,
+            "allValue": ".*", "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "options": [], "hide": 0, "skipUrlSync": False,
+        }
+
+    def ds_var(name: str, label: str, plugin: str, current: dict | None) -> dict[str, Any]:
+        return {"name": name, "label": label, "type": "datasource", "query": plugin, "regex": "",
+                "refresh": 1, "hide": 0, "multi": False, "includeAll": False,
+                "current": current or {}, "options": [], "skipUrlSync": False}
+
+    prom = {"selected": True, "text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"}
+    return {
+        "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description":
+                      "The Prometheus that scrapes the instrumented MCP clients",
+                      "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}],
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+            {"type": "panel", "id": "stat", "name": "Stat", "version": ""},
+            {"type": "panel", "id": "timeseries", "name": "Time series", "version": ""},
+            {"type": "panel", "id": "table", "name": "Table", "version": ""},
+            {"type": "panel", "id": "bargauge", "name": "Bar gauge", "version": ""},
+            {"type": "panel", "id": "alertlist", "name": "Alert list", "version": ""},
+        ],
+        "annotations": {"list": [{"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                                  "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+                                  "name": "Annotations & Alerts", "type": "dashboard"}]},
+        "description": "MCP stream resumption continuity: did each reconnect with Last-Event-ID "
+        "really continue the stream? Metrics of opentelemetry-instrumentation-mcp-resumption. "
+        "Generated by dashboards/generate.py.",
+        "editable": True, "fiscalYearStartMonth": 0, "graphTooltip": 1, "id": None,
+        "links": [{"title": "Runbook", "type": "link", "targetBlank": True, "url":
+                   "https://github.com/mcp-resumption/opentelemetry-instrumentation-mcp-resumption/blob/main/dashboards/RUNBOOK.md"}],
+        "panels": lay.panels,
+        "refresh": "30s", "schemaVersion": 39, "tags": ["mcp", "opentelemetry", "resumption"],
+        "templating": {"list": [
+            ds_var("datasource", "Data source", "prometheus", prom),
+            query_var("job", "Job", "label_values(mcp_client_resumption_attempts_total, job)"),
+            query_var("instance", "Instance",
+                      'label_values(mcp_client_resumption_attempts_total{job=~"$job"}, instance)'),
+            query_var("server_address", "Server", 'label_values(mcp_client_resumption_attempts_total'
+                      '{job=~"$job", instance=~"$instance"}, server_address)'),
+            {"name": "slo_target", "label": "SLO target", "type": "constant", "query": "0.99",
+             "hide": 2, "skipUrlSync": False, "description":
+             "Keep equal to the SLO of the recording rules in alerts.yaml"},
+            ds_var("tempo", "Traces (optional)", "tempo", None),
+            ds_var("loki", "Logs (optional)", "loki", None),
+        ]},
+        "time": {"from": "now-6h", "to": "now"}, "timepicker": {}, "timezone": "",
+        "title": "MCP stream resumption", "uid": "mcp-resumption", "version": 1, "weekStart": "",
+    }
+
+
+def main(argv: list[str]) -> int:
+    text = json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+    if "--check" in argv:
+        if OUT.read_text(encoding="utf-8") != text:
+            print(f"{OUT.name} is not what generate.py writes: run python3 {__file__}")
+            return 1
+        return 0
+    OUT.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
