@@ -257,6 +257,8 @@ def run(s: Scenario) -> tuple[set[str], list[str]]:
         steps.append(t.event_received(resumed, event.event_id, event.data))
     t.event_consumed(resumed)
     steps.append(t.stream_ended(resumed, "eof"))
+    # The client resumes no more: the lineage ends, what it still held is lost.
+    steps.append(t.lineage_ended(resumed, "the client stopped resuming"))
 
     kinds = {gap.kind.value for step in steps for gap in step.gaps}
     verdicts = [step.verdict for step in steps if step.verdict is not None]

@@ -132,9 +132,11 @@ def resume(
     timeout: float | None = None,
     closed_by_client: bool = False,
     server: str = SERVER,
+    last: bool = True,
 ) -> Run:
     """Reconnect with ``Last-Event-ID: cursor``; the server answers
-    ``status`` under ``answered_session`` and sends ``replay``."""
+    ``status`` under ``answered_session`` and sends ``replay``.  With
+    ``last`` the client then stops resuming: the lineage ends."""
     run = Run()
     stream = t.open_stream(server, "streamable-http", session_id=session, last_event_id=cursor)
     run.add(t.response(stream, status, answered_session))
@@ -147,6 +149,8 @@ def resume(
     if end is not None:
         t.event_consumed(stream)
         run.add(t.stream_ended(stream, end, closed_by_client=closed_by_client))
+        if last:
+            run.add(t.lineage_ended(stream, "the client stopped resuming"))
     return run
 
 

@@ -48,6 +48,8 @@ _logger = logging.getLogger(__name__)
 # seconds, and when the stream ends.
 EVENTS_BATCH = 64
 EVENTS_BATCH_SECONDS = 1.0
+# What the MCP SDKs wait before a reconnect when the server sent no retry:.
+DEFAULT_RETRY_SECONDS = 1.0
 # Session ids whose keyed hash is remembered (a dict, emptied when full).
 SESSION_HASH_CACHE = 1024
 # Session ids at least this long are scrubbed from exported text wherever they
@@ -389,7 +391,9 @@ class ContinuityProcessor(SpanProcessor):
         if not event_stream:
             self._apply(context, self.tracker.stream_ended(stream, "a response without events"))
             return None
-        if stream.check is not None and stream.check.verdict is None:
+        if stream.check is not None and stream.check.verdict is None and not stream.check.poll:
+            # A poll waits for its first event or its end: silence is the
+            # server's answer "nothing yet", not evidence of a lost replay.
             context.deadline = self._deadlines.add(
                 self.settings.confirm_timeout, lambda: self._timeout(context)
             )
@@ -427,13 +431,39 @@ class ContinuityProcessor(SpanProcessor):
         cancelled without one."""
         self.tracker.event_consumed(context.stream)
 
-    def ended(self, context: StreamContext, reason: str, *, closed_by_client: bool = False) -> None:
+    def retry_seen(self, context: StreamContext, retry_ms: int) -> None:
+        """The stream carried a ``retry:`` field (a polling server)."""
+        if isinstance(retry_ms, int) and retry_ms >= 0:
+            self.tracker.retry_seen(context.stream, retry_ms)
+
+    def ended(
+        self,
+        context: StreamContext,
+        reason: str,
+        *,
+        closed_by_client: bool = False,
+        clean: bool = False,
+    ) -> None:
+        """The stream ended; ``clean``: its body ended normally, not by a
+        read error (a server closing a polling stream on purpose)."""
         self._count_events(context)
         self._deadlines.cancel(context.deadline)
-        self._apply(
-            context,
-            self.tracker.stream_ended(context.stream, reason, closed_by_client=closed_by_client),
+        step = self.tracker.stream_ended(
+            context.stream, reason, closed_by_client=closed_by_client, clean=clean
         )
+        self._apply(context, step)
+        if step.held:
+            # Requests still pending go on with the lineage.  A client that
+            # does not resume it within the retry it was asked for and the
+            # confirmation window has stopped resuming them: orphaned then.
+            retry = context.stream.retry_ms
+            grace = (retry / 1000 if retry is not None else DEFAULT_RETRY_SECONDS) + (
+                self.settings.confirm_timeout
+            )
+            why = f"the client did not resume the stream within {grace:g} s"
+            self._deadlines.add(
+                grace, lambda: self._apply(context, self.tracker.lineage_ended(context.stream, why))
+            )
 
     # ------------------------------------------------------ telemetry out
 

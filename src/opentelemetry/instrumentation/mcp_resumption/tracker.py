@@ -35,6 +35,7 @@ from .continuity import (
     ReplayContract,
     ResumeCheck,
     Verdict,
+    orphaned_request_rule,
     parse_event_id,
 )
 from .jsonrpc import responses_in
@@ -130,7 +131,11 @@ class Stream:
         "last_consumed",
         "last_received",
         "lineage",
+        "primed",
+        "resumed_again",
+        "retry_ms",
         "server",
+        "server_closed",
         "session",
         "taken",
         "transport",
@@ -150,6 +155,14 @@ class Stream:
         self.check: ResumeCheck | None = None
         self.carries: tuple[str, ...] = ()
         self.ended = False
+        # Polling (2025-11-25): the lineage carried a priming event (an id and
+        # no data) or a ``retry:`` field, so a clean end of its body is the
+        # server closing it on purpose; the retry it asked for, in ms.
+        self.primed = False
+        self.retry_ms: int | None = None
+        self.server_closed = False
+        # A later stream resumed this one's cursor: its lineage goes on there.
+        self.resumed_again = False
         # Waiting in Tracker._dirty to have its cursors indexed; the ids it
         # is indexed under now.
         self.dirty = False
@@ -163,6 +176,10 @@ class Step:
 
     gaps: tuple[Gap, ...] = ()
     verdict: Verdict | None = None
+    # Requests still pending when a resumed stream ended, handed back to its
+    # lineage: the caller ends the lineage (``Tracker.lineage_ended``) if the
+    # client does not resume it.
+    held: bool = False
 
 
 NOTHING = Step()  # what most observations produce; compared by identity
@@ -287,7 +304,10 @@ class Tracker:
             return ResumeCheck(cursor, self.contract)
         self._settle(previous)
         previous.ended = True
+        previous.resumed_again = True
         stream.lineage = previous.lineage
+        stream.primed = previous.primed
+        stream.retry_ms = previous.retry_ms
         session = previous.session
         unconsumed = previous.last_received == cursor_raw and previous.last_consumed != cursor_raw
         cursor = Cursor(
@@ -315,6 +335,7 @@ class Tracker:
             pending=pending,
             unconsumed_responses=unconsumed_responses,
             sent_by_session=session.sent_here,
+            poll=previous.server_closed,
         )
 
     def cursor_session(self, server: str, last_event_id: str | None) -> str | None:
@@ -375,6 +396,8 @@ class Tracker:
             if event_id is not None:
                 if data:  # markers carry no content to compare
                     stream.session.remember(event_id, digest)
+                else:  # a priming event: the server may close the stream to poll
+                    stream.primed = True
                 stream.last_received = event_id
             stream.unconsumed_responses = responses
             if not stream.dirty:
@@ -392,12 +415,28 @@ class Tracker:
             stream.dirty = True
             self._dirty.append(stream)
 
-    def stream_ended(self, stream: Stream, reason: str, *, closed_by_client: bool = False) -> Step:
+    def retry_seen(self, stream: Stream, retry_ms: int) -> None:
+        """The stream carried ``retry:``: the server polls (and how often)."""
+        stream.primed = True
+        stream.retry_ms = retry_ms
+
+    def stream_ended(
+        self,
+        stream: Stream,
+        reason: str,
+        *,
+        closed_by_client: bool = False,
+        clean: bool = False,
+    ) -> Step:
+        """The stream ended.  ``clean``: its body ended as HTTP ends a body
+        (not a read error, not cut short); on a polling lineage that is the
+        server closing it on purpose, and the next resume is a poll."""
         with self._lock:
             self._settle(stream)
             if stream.ended and stream.check is None:
                 return NOTHING
             stream.ended = True
+            stream.server_closed = clean and not closed_by_client and stream.primed
             if closed_by_client and set(stream.carries).intersection(stream.unconsumed_responses):
                 # A POST stream closed right after the answer to its own
                 # request: the client took it (that is how the MCP SDKs finish
@@ -407,7 +446,40 @@ class Tracker:
             if stream.check is None:
                 return NOTHING
             check = stream.check
-            return self._run(check, lambda: check.on_end(reason, closed_by_client=closed_by_client))
+            step = self._run(
+                check,
+                lambda: check.on_end(
+                    reason, closed_by_client=closed_by_client, server_closed=stream.server_closed
+                ),
+            )
+            held = check.release()
+            if not held:
+                return step
+            session = stream.session
+            if session.pending is None:
+                session.pending = {}
+            for key, method in held.items():
+                session.pending[key] = (method, stream.lineage)
+            return Step(step.gaps, step.verdict, held=True)
+
+    def lineage_ended(self, stream: Stream, why: str) -> Step:
+        """The client did not resume ``stream`` (a resumed stream that ended
+        holding requests): they are orphaned now.  Nothing if a later stream
+        resumed it, which then holds them."""
+        with self._lock:
+            if stream.resumed_again:
+                return NOTHING
+            pending = stream.session.pending
+            if not pending:
+                return NOTHING
+            gaps = []
+            for key, (method, lineage) in list(pending.items()):
+                if lineage == stream.lineage:
+                    del pending[key]
+                    gaps.append(orphaned_request_rule(key, method, why))
+            if not pending:
+                stream.session.pending = None
+            return Step(tuple(gaps)) if gaps else NOTHING
 
     def timeout(self, stream: Stream, seconds: float) -> Step:
         with self._lock:
