@@ -8,7 +8,7 @@
 //   {kind: "status", rid, status}
 //   {kind: "frame", rid, id, retry, data}      an SSE event written to the client
 //   {kind: "keepalive", rid}                   an SSE comment written
-//   {kind: "end", rid}                         the response body ended
+//   {kind: "end", rid, body}                   the response ended (body: a non-SSE body)
 //   {kind: "store", streamId, eventId, message}
 //   {kind: "replay", lastEventId, streamId}    what the store answered a resume
 //   {kind: "tool", name, step}                 a tool's own progress
@@ -146,22 +146,29 @@ function logWire(rid, res) {
     log({ kind: 'status', rid, status });
     return writeHead.call(this, status, ...rest);
   };
+  let text = null;
+  const keep = chunk => {
+    text = (text ?? '') + (typeof chunk === 'string' ? chunk : Buffer.from(chunk).toString('utf8'));
+  };
   res.write = function (chunk, ...rest) {
     if (isSse()) parse(chunk);
+    else keep(chunk);
     return write.call(this, chunk, ...rest);
   };
   res.end = function (chunk, ...rest) {
     if (chunk && typeof chunk !== 'function') {
       if (isSse()) parse(chunk);
+      else keep(chunk);
     }
-    log({ kind: 'end', rid });
+    log({ kind: 'end', rid, body: text });
     return end.call(this, chunk, ...rest);
   };
 }
 
 let requests = 0;
+const pid = process.pid;
 const httpServer = createServer(async (req, res) => {
-  const rid = ++requests;
+  const rid = `${pid}-${++requests}`;
   const chunks = [];
   for await (const chunk of req) chunks.push(chunk);
   const raw = Buffer.concat(chunks).toString('utf8');
