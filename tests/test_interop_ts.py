@@ -145,11 +145,10 @@ class Wire:
 
 
 async def _call(url: str, tool: str, arguments: dict, timeout: float):
-    async with connect(url) as streams:
-        async with ClientSession(streams[0], streams[1]) as session:
-            await session.initialize()
-            with anyio.fail_after(timeout):
-                return await session.call_tool(tool, arguments)
+    async with connect(url) as streams, ClientSession(streams[0], streams[1]) as session:
+        await session.initialize()
+        with anyio.fail_after(timeout):
+            return await session.call_tool(tool, arguments)
 
 
 # How long after a resumed stream ends the plugin waits for the client to
