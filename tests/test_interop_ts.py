@@ -311,10 +311,10 @@ def test_store_that_lost_the_cursor(telemetry, ts):
     assert wire.result_lost()
     assert text_of(result) is None  # the call timed out
     # The resume was a poll (priming event, retry:, clean close), so its
-    # silence proves nothing; the loss is proven when the lineage ends
-    # without the answer (the client gave up and deleted the session).
-    assert telemetry.gap_kinds() == {"orphaned_request": 1}
-    assert "resumed" not in telemetry.outcomes()
+    # silence alone proved nothing until the client gave up on it (it deleted
+    # the session): nothing confirmed, and the lineage ended without the answer.
+    assert telemetry.gap_kinds() == {"replay_unconfirmed": 1, "orphaned_request": 1}
+    assert telemetry.outcomes() == {"gap": 1}
 
 
 def test_restarted_server(telemetry, ts):

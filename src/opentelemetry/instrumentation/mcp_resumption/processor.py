@@ -332,6 +332,10 @@ class ContinuityProcessor(SpanProcessor):
         """Called before the request is sent; a resume opens ``mcp.resume``.
         ``attributes``: ``request_attributes(facts)`` if the caller has them."""
         if facts.last_event_id is None:
+            if facts.method == "DELETE" and facts.session_id:
+                # Before the answer: the server closes the session's streams
+                # while it handles the DELETE.
+                self.tracker.session_terminated(facts.server, facts.session_id)
             return None
         if attributes is None:
             attributes = self.request_attributes(facts)

@@ -70,11 +70,15 @@ class Session:
         "sent_overflowed",
         "server",
         "session_id",
+        "terminated",
     )
 
     def __init__(self, server: str, session_id: str | None, history_lost: bool = False) -> None:
         self.server = server
         self.session_id = session_id
+        # The client ended the session (HTTP DELETE): the server closing its
+        # streams then is the client's doing, not a poll.
+        self.terminated = False
         # event id -> digest of its data, oldest first (a plain dict is
         # insertion-ordered and a third the size of an OrderedDict)
         self.seen: dict[str, int] = {}
@@ -415,6 +419,13 @@ class Tracker:
             stream.dirty = True
             self._dirty.append(stream)
 
+    def session_terminated(self, server: str, session_id: str) -> None:
+        """The client asked the server to end the session (HTTP DELETE)."""
+        with self._lock:
+            session = self._sessions.get((server, session_id))
+            if session is not None:
+                session.terminated = True
+
     def retry_seen(self, stream: Stream, retry_ms: int) -> None:
         """The stream carried ``retry:``: the server polls (and how often)."""
         stream.primed = True
@@ -436,7 +447,9 @@ class Tracker:
             if stream.ended and stream.check is None:
                 return NOTHING
             stream.ended = True
-            stream.server_closed = clean and not closed_by_client and stream.primed
+            stream.server_closed = (
+                clean and not closed_by_client and stream.primed and not stream.session.terminated
+            )
             if closed_by_client and set(stream.carries).intersection(stream.unconsumed_responses):
                 # A POST stream closed right after the answer to its own
                 # request: the client took it (that is how the MCP SDKs finish
