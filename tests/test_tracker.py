@@ -640,9 +640,12 @@ def test_empty_poll_closed_by_the_server_is_no_gap_and_keeps_the_request():
     second = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_3")
     assert second.check.poll
     t.response(second, 200, "s-1")
-    step = t.event_received(second, "p_4", result(7, 4))
-    assert not step.gaps
-    assert t.lineage_ended(first, "late deadline") is NOTHING_STEP  # resumed again
+    t.event_received(second, "p_4", notification(4))
+    t.event_consumed(second)
+    assert t.stream_ended(second, "the stream ended", clean=True).held
+    # The first poll's deadline comes late: the request went on with the second.
+    assert t.lineage_ended(first, "late deadline") is NOTHING_STEP
+    assert [g.request_id for g in t.lineage_ended(second, "gave up").gaps] == ["7"]
 
 
 def test_request_cut_twice_is_orphaned_only_when_its_lineage_ends():

@@ -64,6 +64,7 @@ class Session:
 
     __slots__ = (
         "history_lost",
+        "holders",
         "pending",
         "seen",
         "sent",
@@ -86,6 +87,9 @@ class Session:
         # on; None where any stream of the session may carry it, as in legacy
         # SSE); None until the first request, as most sessions hold few
         self.pending: dict[str, tuple[str, int | None]] | None = None
+        # request key -> key of the resumed stream that ended holding it: its
+        # lineage's deadline may orphan it only while no later stream took it
+        self.holders: dict[str, int] | None = None
         # request keys sent, oldest first; a list because it is appended to
         # per request and searched only at a resume
         self.sent: list[str] | None = None
@@ -109,10 +113,14 @@ class Session:
     def answered(self, request_keys: Iterable[str]) -> None:
         pending = self.pending
         if pending:
+            holders = self.holders
             for key in request_keys:
                 pending.pop(key, None)
+                if holders:
+                    holders.pop(key, None)
             if not pending:
                 self.pending = None  # an emptied dict keeps its table
+                self.holders = None
 
 
 class Stream:
@@ -471,8 +479,11 @@ class Tracker:
             session = stream.session
             if session.pending is None:
                 session.pending = {}
+            if session.holders is None:
+                session.holders = {}
             for key, method in held.items():
                 session.pending[key] = (method, stream.lineage)
+                session.holders[key] = stream.key
             return Step(step.gaps, step.verdict, held=True)
 
     def lineage_ended(self, stream: Stream, why: str) -> Step:
@@ -480,18 +491,23 @@ class Tracker:
         holding requests): they are orphaned now.  Nothing if a later stream
         resumed it, which then holds them."""
         with self._lock:
-            if stream.resumed_again:
+            session = stream.session
+            holders = session.holders
+            if stream.resumed_again or not holders:
                 return NOTHING
-            pending = stream.session.pending
-            if not pending:
-                return NOTHING
+            pending = session.pending or {}
             gaps = []
-            for key, (method, lineage) in list(pending.items()):
-                if lineage == stream.lineage:
-                    del pending[key]
-                    gaps.append(orphaned_request_rule(key, method, why))
+            for key, holder in list(holders.items()):
+                if holder != stream.key:
+                    continue
+                del holders[key]
+                entry = pending.pop(key, None)
+                if entry is not None:  # else answered, or taken by a later resume
+                    gaps.append(orphaned_request_rule(key, entry[0], why))
             if not pending:
-                stream.session.pending = None
+                session.pending = None
+            if not holders:
+                session.holders = None
             return Step(tuple(gaps)) if gaps else NOTHING
 
     def timeout(self, stream: Stream, seconds: float) -> Step:
