@@ -635,7 +635,7 @@ def test_empty_poll_closed_by_the_server_is_no_gap_and_keeps_the_request():
     polled_stream(t, posted=[tools_call(7)])
     first = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_3")
     t.response(first, 200, "s-1")
-    ended = t.stream_ended(first, "the stream ended", clean=True)
+    ended = t.stream_ended(first, "the stream ended", clean=True, held_open=True)
     assert ended.held and not ended.gaps and ended.verdict.outcome.value == "unverifiable"
     second = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_3")
     assert second.check.poll
@@ -676,4 +676,15 @@ def test_streams_closed_after_the_client_deleted_the_session_are_not_polls():
     t.response(poll, 200, "s-1")
     t.session_terminated(SERVER, "s-1")
     ended = t.stream_ended(poll, "the stream ended", clean=True)
+    assert {g.kind.value for g in ended.gaps} == {"replay_unconfirmed"}
+
+
+def test_empty_poll_the_server_ends_at_once_is_replay_unconfirmed():
+    """Seed 000 on a polling server: the SDK servers answer a cursor they
+    lost with 200 and a stream that ends with nothing, before any window."""
+    t = Tracker()
+    polled_stream(t, posted=[tools_call(7)])
+    poll = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_3")
+    t.response(poll, 200, "s-1")
+    ended = t.stream_ended(poll, "the stream ended", clean=True, held_open=False)
     assert {g.kind.value for g in ended.gaps} == {"replay_unconfirmed"}

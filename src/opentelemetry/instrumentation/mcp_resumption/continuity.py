@@ -24,8 +24,11 @@ Definitions the rules share (they are the ground truth of the tests):
   (protocol 2025-11-25: a priming event or ``retry:`` on the stream's lineage,
   then a clean end of the body).  Silence on a poll is not evidence: it waits
   for its first event, its end or the client walking away, never for the
-  confirmation window.  A resume after a broken connection (a read error, a
-  body cut short) is not a poll and keeps the window.
+  confirmation window.  A poll the server held open past the window and then
+  closed with nothing is "nothing new yet"; one it ends sooner with nothing
+  (the SDK servers' answer to a cursor they lost) is still seed 000's empty
+  replay.  A resume after a broken connection (a read error, a body cut
+  short) is not a poll and keeps the window.
 * A request in flight is *orphaned* only when its lineage ends: the client
   stops resuming it, a new session replaces it, or the resume is refused.  A
   resumed stream that ends hands its pending requests back to the lineage
@@ -442,8 +445,10 @@ class ResumeCheck:
         self, reason: str, *, closed_by_client: bool = False, server_closed: bool = False
     ) -> list[Gap]:
         """The stream ended (``reason`` says how) or the client closed it.
-        ``server_closed``: the server ended it on purpose (a clean end of a
-        polling lineage), so an empty stream is a poll that found nothing new.
+        ``server_closed``: the server held it open and then ended it on
+        purpose (a clean end of a polling lineage, after the confirmation
+        window), so an empty stream is a poll that found nothing new.  An
+        empty stream ended sooner is seed 000's empty replay.
 
         Requests still pending are not orphaned here: the client may resume
         the lineage again (polling does, every time).  They stay for

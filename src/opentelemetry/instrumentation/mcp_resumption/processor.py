@@ -452,8 +452,12 @@ class ContinuityProcessor(SpanProcessor):
         read error (a server closing a polling stream on purpose)."""
         self._count_events(context)
         self._deadlines.cancel(context.deadline)
+        held_open = bool(context.started) and (
+            time.monotonic() - context.started >= self.settings.confirm_timeout
+        )
         step = self.tracker.stream_ended(
-            context.stream, reason, closed_by_client=closed_by_client, clean=clean
+            context.stream, reason, closed_by_client=closed_by_client, clean=clean,
+            held_open=held_open,
         )
         self._apply(context, step)
         if step.held:

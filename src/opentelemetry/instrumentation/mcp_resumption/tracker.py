@@ -446,10 +446,13 @@ class Tracker:
         *,
         closed_by_client: bool = False,
         clean: bool = False,
+        held_open: bool = False,
     ) -> Step:
         """The stream ended.  ``clean``: its body ended as HTTP ends a body
         (not a read error, not cut short); on a polling lineage that is the
-        server closing it on purpose, and the next resume is a poll."""
+        server closing it on purpose, and the next resume is a poll.
+        ``held_open``: it was open at least the confirmation window, so an
+        empty poll closed then is the server's "nothing new yet"."""
         with self._lock:
             self._settle(stream)
             if stream.ended and stream.check is None:
@@ -470,7 +473,9 @@ class Tracker:
             step = self._run(
                 check,
                 lambda: check.on_end(
-                    reason, closed_by_client=closed_by_client, server_closed=stream.server_closed
+                    reason,
+                    closed_by_client=closed_by_client,
+                    server_closed=stream.server_closed and held_open,
                 ),
             )
             held = check.release()
