@@ -216,6 +216,7 @@ def test_faithful_resume(telemetry, ts):
     [resume] = wire.resumes
     assert wire.status(resume["rid"]) == 200 and wire.replay(resume["rid"])["streamId"]
     assert any('"done"' in (f["data"] or "") for f in wire.frames(resume["rid"]))
+    assert all(f["data"] for f in wire.frames(resume["rid"])), "no priming on a replay stream"
     assert wire.lost == []
     assert_ts_ids(wire)
     # The verdict: nothing lost; opaque ids prove no order, so unverifiable.

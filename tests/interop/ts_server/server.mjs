@@ -192,8 +192,9 @@ const httpServer = createServer(async (req, res) => {
     await buildServer(store).connect(transport);
   }
   if (!transport) {
-    // Unknown session (a restarted server): let a fresh transport answer it
-    // as the SDK does, 404 {"code": -32001}.
+    // Unknown session (a restarted server): the SDK transport's own session
+    // check answers it, 404 {"code": -32001}, as a one-session server that
+    // restarted does (marked initialized under another id to reach that check).
     if (sessionId) {
       const orphan = new StreamableHTTPServerTransport({ sessionIdGenerator: () => randomUUID() });
       orphan._webStandardTransport._initialized = true;
