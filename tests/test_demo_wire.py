@@ -87,6 +87,7 @@ def test_scenarios_carry_design_names() -> None:
         "caught_up_priming",
         "reinitialize",
         "expired_session_404",
+        "poll_cut_twice",
     ]
     for scenario in scenarios:
         assert set(scenario.expected_gaps) <= set(GAP_KINDS), scenario.name
@@ -279,3 +280,22 @@ def test_sse_scanner_finds_event_ends_across_chunks(split: int) -> None:
     assert ends[0] == first_end
     assert stream[: ends[1]].endswith(b"data: b\n\n")
     assert ends[-1] == len(stream)
+
+
+def test_poll_cut_twice(run: _Run) -> None:
+    """The server closed its own stream twice; each close ended the body
+    cleanly (no sever), and every reconnect went on where the last left off."""
+    wire = run.wires["poll_cut_twice"]
+    assert not any(x.severed for x in wire.exchanges)
+    assert wire.tool_result is not None and wire.tool_result.text == "poll finished after 2 cuts"
+    first, second = wire.resumes
+    assert first.status == second.status == 200
+    assert wire.session_id_before == first.session_id_received == second.session_id_received
+    primed = wire.received_before[0]
+    assert primed.is_priming
+    assert first.last_event_id_sent == wire.received_before[-1].id
+    assert second.last_event_id_sent == (first.event_ids or [first.last_event_id_sent])[-1]
+    (request_id,) = wire.in_flight
+    assert response_id(second.events[-1]) == request_id
+    ids = [e.id for e in wire.received_before + first.events + second.events if e.id]
+    assert [_n(i) for i in ids] == sorted({_n(i) for i in ids}), "each event once, in order"

@@ -38,10 +38,12 @@ class IntegerEventStore(EventStore):
     SDK's contract), or, with ``reset_on_replay``, restarts its counter the
     way an instance that lost its state would."""
 
-    def __init__(self, reset_on_replay: bool = False) -> None:
+    def __init__(self, reset_on_replay: bool = False, lost: bool = False) -> None:
         self.events: list[tuple[str, str, object]] = []
         self.counter = itertools.count(100)
         self.reset_on_replay = reset_on_replay
+        self.lost = lost  # an instance that lost every cursor (seed 000)
+        self.replays = 0
 
     async def store_event(self, stream_id, message):
         event_id = str(next(self.counter))
@@ -49,6 +51,9 @@ class IntegerEventStore(EventStore):
         return event_id
 
     async def replay_events_after(self, last_event_id, send_callback):
+        self.replays += 1
+        if self.lost:
+            return None
         if self.reset_on_replay:
             self.counter = itertools.count(1)
         ids = [event_id for event_id, _, _ in self.events]
@@ -106,12 +111,12 @@ class Running:
         self.thread.join(timeout=10)
 
 
-async def call_slow(url: str):
+async def call_slow(url: str, timeout: float = 10):
     async with connect(url) as streams:
         read, write = streams[0], streams[1]
         async with ClientSession(read, write) as session:
             await session.initialize()
-            with anyio.fail_after(10):
+            with anyio.fail_after(timeout):
                 return await session.call_tool("slow", {})
 
 
@@ -119,11 +124,11 @@ def is_error(result) -> bool:
     return bool(getattr(result, "is_error", None) or getattr(result, "isError", False))
 
 
-def run_slow_call(telemetry, store, **settings):
+def run_slow_call(telemetry, store, timeout: float = 10, **settings):
     running = Running(build_app(store))
     try:
         with telemetry.instrumented(**settings):
-            return asyncio.run(call_slow(running.url))
+            return asyncio.run(call_slow(running.url, timeout))
     finally:
         running.close()
 
@@ -166,3 +171,20 @@ def test_sdk_enforce_mode_fails_the_pending_call(telemetry):
     assert "ResumptionGapError: " in str(error)
     assert "event id regression" in str(error)
     assert telemetry.gap_kinds().get("id_regression") == 1
+
+
+
+def test_polling_server_that_lost_the_cursor_is_replay_unconfirmed(telemetry):
+    """Seed 000 on a 2025-11-25 server that polls: the tool closes its stream
+    (after a priming event with retry:), the client resumes, and the store
+    knows no cursor; the SDK server answers 200 with a stream that ends with
+    nothing, and the client resumes again and again.  Each of those polls is
+    the empty replay: not a quiet poll the server held open."""
+    store = IntegerEventStore(lost=True)
+    with contextlib.suppress(Exception):
+        run_slow_call(telemetry, store, timeout=2, confirm_timeout=1)
+    assert store.replays >= 1, "the client resumed and the store had no cursor"
+    kinds = telemetry.gap_kinds()
+    assert kinds.get("replay_unconfirmed", 0) >= 1
+    assert set(kinds) <= {"replay_unconfirmed", "orphaned_request"}
+    assert set(telemetry.outcomes()) == {"gap"}

@@ -61,6 +61,11 @@ class Scenario:
     consumed_k: bool  # the app consumed event k before the break
     cursor_on: str  # "received" or "consumed"
     replay: tuple[Event, ...]
+    # Polling (2025-11-25): the server sent retry: and closed the stream on
+    # purpose, and closed this many resumes again with nothing new before
+    # the one that carries ``replay``.  Neither changes what was lost.
+    polled: bool = False
+    empty_polls: int = 0
 
     @property
     def c(self) -> int:
@@ -166,9 +171,11 @@ def scenarios(draw) -> Scenario:
     else:  # caught_up
         replay = [marker()]
 
+    polled = draw(st.booleans())
+    empty_polls = draw(st.integers(0, 2)) if polled else 0
     return Scenario(
         scheme, behaviour, contract, legacy, tuple(events), answers, k, consumed_k,
-        cursor_on, tuple(replay),
+        cursor_on, tuple(replay), polled, empty_polls,
     )
 
 
@@ -231,7 +238,8 @@ def expected(s: Scenario) -> tuple[set[str], str | None]:
 
 def run(s: Scenario) -> tuple[set[str], list[str]]:
     """Drive the tracker as the instrumentation would; every gap kind found
-    on any step, and every verdict's outcome."""
+    on any step, and every verdict's outcome (of the resume that carries the
+    replay: an empty poll before it must decide no gap, checked here)."""
     t = Tracker(max_streams=100, contract=s.contract)
     if s.legacy:
         stream = t.open_stream(SERVER, "sse")
@@ -240,12 +248,25 @@ def run(s: Scenario) -> tuple[set[str], list[str]]:
         stream = t.open_stream(SERVER, "streamable-http", session_id=SESSION)
     for rid in sorted(s.answers.values()):
         t.request_sent(SERVER, SESSION, requests_in(_request(rid)))
+    if s.polled:
+        t.retry_seen(stream, 100)
     for event in s.events[: s.k + 1]:
         t.event_consumed(stream)
         t.event_received(stream, event.event_id, event.data)
     if s.consumed_k:
         t.event_consumed(stream)
-    t.stream_ended(stream, "connection reset")
+    if s.polled:
+        t.stream_ended(stream, "the stream ended", clean=True)
+    else:
+        t.stream_ended(stream, "connection reset")
+
+    for _ in range(s.empty_polls):
+        poll = t.open_stream(SERVER, "streamable-http", session_id=SESSION, last_event_id=s.cursor)
+        assert poll.check.poll
+        polled = [t.response(poll, 200, SESSION), t.timeout(poll, 5),
+                  t.stream_ended(poll, "the stream ended", clean=True, held_open=True)]
+        assert [gap for step in polled for gap in step.gaps] == []
+        assert [step.verdict.outcome.value for step in polled if step.verdict] == ["unverifiable"]
 
     resumed = t.open_stream(
         SERVER, "streamable-http", session_id=SESSION, last_event_id=s.cursor
@@ -257,6 +278,8 @@ def run(s: Scenario) -> tuple[set[str], list[str]]:
         steps.append(t.event_received(resumed, event.event_id, event.data))
     t.event_consumed(resumed)
     steps.append(t.stream_ended(resumed, "eof"))
+    # The client resumes no more: the lineage ends, what it still held is lost.
+    steps.append(t.lineage_ended(resumed, "the client stopped resuming"))
 
     kinds = {gap.kind.value for step in steps for gap in step.gaps}
     verdicts = [step.verdict for step in steps if step.verdict is not None]

@@ -22,6 +22,7 @@ from opentelemetry.instrumentation.mcp_resumption.continuity import (
     Verdict,
 )
 from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
+from opentelemetry.instrumentation.mcp_resumption.tracker import NOTHING as NOTHING_STEP
 from opentelemetry.instrumentation.mcp_resumption.tracker import Step, Tracker
 
 SERVER = "https://mcp.example.com/mcp"
@@ -132,9 +133,11 @@ def resume(
     timeout: float | None = None,
     closed_by_client: bool = False,
     server: str = SERVER,
+    last: bool = True,
 ) -> Run:
     """Reconnect with ``Last-Event-ID: cursor``; the server answers
-    ``status`` under ``answered_session`` and sends ``replay``."""
+    ``status`` under ``answered_session`` and sends ``replay``.  With
+    ``last`` the client then stops resuming: the lineage ends."""
     run = Run()
     stream = t.open_stream(server, "streamable-http", session_id=session, last_event_id=cursor)
     run.add(t.response(stream, status, answered_session))
@@ -147,6 +150,8 @@ def resume(
     if end is not None:
         t.event_consumed(stream)
         run.add(t.stream_ended(stream, end, closed_by_client=closed_by_client))
+        if last:
+            run.add(t.lineage_ended(stream, "the client stopped resuming"))
     return run
 
 
@@ -574,3 +579,112 @@ def test_threads_share_one_tracker(max_streams):
     assert len(t) <= max_streams
     assert t.session_count <= max_streams
     assert t.evicted_streams == 2 * threads * rounds - len(t)
+
+
+# ------------------------------------------------------------ polling
+# Protocol 2025-11-25: the server primes its stream (an id, no data, retry:)
+# and may close it on purpose; the client resumes.  A resume after such a
+# close is a poll.
+
+
+def polled_stream(t: Tracker, *, posted: list[str] = (), clean: bool = True):
+    """A POST stream that primes, sends two events and is closed by the
+    server (``clean``) or breaks (a read error)."""
+    stream = t.open_stream(SERVER, "streamable-http", session_id="s-1")
+    for body in posted:
+        t.request_sent(SERVER, "s-1", requests_in(body))
+    t.retry_seen(stream, 100)
+    for event_id, data in (("p_1", MARKER), ("p_2", notification(1)), ("p_3", notification(2))):
+        t.event_consumed(stream)
+        t.event_received(stream, event_id, data)
+    t.event_consumed(stream)
+    t.stream_ended(stream, "the stream ended" if clean else "a read error", clean=clean)
+    return stream
+
+
+def test_quiet_poll_is_not_judged_by_the_confirmation_window():
+    t = Tracker()
+    polled_stream(t, posted=[tools_call(7)])
+    poll = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_3")
+    assert poll.check.poll
+    t.response(poll, 200, "s-1")
+    assert t.timeout(poll, 5) is NOTHING_STEP, "silence on a poll is not evidence"
+    step = t.event_received(poll, "p_4", result(7, 4))
+    assert step.verdict.outcome.value == "resumed" and not step.gaps
+
+
+def test_resume_after_a_broken_connection_keeps_the_window():
+    t = Tracker()
+    polled_stream(t, posted=[tools_call(7)], clean=False)
+    resumed = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_3")
+    assert not resumed.check.poll
+    t.response(resumed, 200, "s-1")
+    assert {g.kind.value for g in t.timeout(resumed, 5).gaps} == {"replay_unconfirmed"}
+
+
+def test_unprimed_clean_end_is_not_a_poll():
+    """Seed 000's empty replay on a stream that never primed: still caught."""
+    t = Tracker()
+    break_stream(t, seed_000_ids(), legacy=True)
+    run = resume(t, "4821", [], end="the stream ended")
+    assert run.kinds == {"replay_unconfirmed"}
+
+
+def test_empty_poll_closed_by_the_server_is_no_gap_and_keeps_the_request():
+    t = Tracker()
+    polled_stream(t, posted=[tools_call(7)])
+    first = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_3")
+    t.response(first, 200, "s-1")
+    ended = t.stream_ended(first, "the stream ended", clean=True, held_open=True)
+    assert ended.held and not ended.gaps and ended.verdict.outcome.value == "unverifiable"
+    second = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_3")
+    assert second.check.poll
+    t.response(second, 200, "s-1")
+    t.event_received(second, "p_4", notification(4))
+    t.event_consumed(second)
+    assert t.stream_ended(second, "the stream ended", clean=True).held
+    # The first poll's deadline comes late: the request went on with the second.
+    assert t.lineage_ended(first, "late deadline") is NOTHING_STEP
+    assert [g.request_id for g in t.lineage_ended(second, "gave up").gaps] == ["7"]
+
+
+def test_request_cut_twice_is_orphaned_only_when_its_lineage_ends():
+    t = Tracker()
+    polled_stream(t, posted=[tools_call(7)])
+    first = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_3")
+    t.response(first, 200, "s-1")
+    t.event_received(first, "p_4", notification(3))
+    t.event_consumed(first)
+    ended = t.stream_ended(first, "the stream ended", clean=True)
+    assert not ended.gaps, "a resumed stream that ends is not the end of its lineage"
+    second = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_4")
+    assert second.check.poll and second.lineage == first.lineage
+    t.response(second, 200, "s-1")
+    t.event_received(second, "p_5", notification(4))
+    t.event_consumed(second)
+    assert not t.stream_ended(second, "the stream ended", clean=True).gaps
+    # The client resumes no more: now the request is orphaned, once.
+    orphaned = t.lineage_ended(second, "the client did not resume it")
+    assert [(g.kind.value, g.request_id) for g in orphaned.gaps] == [("orphaned_request", "7")]
+    assert t.lineage_ended(second, "again") is NOTHING_STEP
+
+
+def test_streams_closed_after_the_client_deleted_the_session_are_not_polls():
+    t = Tracker()
+    polled_stream(t, posted=[tools_call(7)])
+    poll = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_3")
+    t.response(poll, 200, "s-1")
+    t.session_terminated(SERVER, "s-1")
+    ended = t.stream_ended(poll, "the stream ended", clean=True)
+    assert {g.kind.value for g in ended.gaps} == {"replay_unconfirmed"}
+
+
+def test_empty_poll_the_server_ends_at_once_is_replay_unconfirmed():
+    """Seed 000 on a polling server: the SDK servers answer a cursor they
+    lost with 200 and a stream that ends with nothing, before any window."""
+    t = Tracker()
+    polled_stream(t, posted=[tools_call(7)])
+    poll = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="p_3")
+    t.response(poll, 200, "s-1")
+    ended = t.stream_ended(poll, "the stream ended", clean=True, held_open=False)
+    assert {g.kind.value for g in ended.gaps} == {"replay_unconfirmed"}

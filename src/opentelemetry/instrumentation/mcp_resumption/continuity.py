@@ -20,6 +20,19 @@ Definitions the rules share (they are the ground truth of the tests):
   when the confirmation window passes, whichever comes first.
 * A *marker* is an event with empty data: a 2025-11-25 priming event (id and
   no data) or a heartbeat.  It says "nothing (more) to replay".
+* A *poll* is a resume after the server closed the stream on purpose
+  (protocol 2025-11-25: a priming event or ``retry:`` on the stream's lineage,
+  then a clean end of the body).  Silence on a poll is not evidence: it waits
+  for its first event, its end or the client walking away, never for the
+  confirmation window.  A poll the server held open past the window and then
+  closed with nothing is "nothing new yet"; one it ends sooner with nothing
+  (the SDK servers' answer to a cursor they lost) is still seed 000's empty
+  replay.  A resume after a broken connection (a read error, a body cut
+  short) is not a poll and keeps the window.
+* A request in flight is *orphaned* only when its lineage ends: the client
+  stops resuming it, a new session replaces it, or the resume is refused.  A
+  resumed stream that ends hands its pending requests back to the lineage
+  (:meth:`ResumeCheck.release`); the next resume of the lineage takes them.
 * Event ids are opaque strings.  Integers and a fixed prefix plus a counter
   (``e-104``, ``s-77:e-104``, ``<stream>_<n>``) order within one prefix;
   anything else is opaque and gives no ordering evidence, so where ordering
@@ -372,9 +385,13 @@ class ResumeCheck:
         pending: Mapping[str, str] | None = None,
         unconsumed_responses: Mapping[str, tuple[str, EventId | None]] | None = None,
         sent_by_session: Callable[[str], bool] | None = None,
+        poll: bool = False,
     ) -> None:
         self.cursor = cursor
         self.contract = contract
+        # The server closed the stream this resumes on purpose: silence is
+        # not evidence, so the confirmation window does not apply.
+        self.poll = poll
         self._seen = seen if seen is not None else {}
         # request id -> method: requests whose response must come on this stream
         self._pending: dict[str, _LostOrPending] = {
@@ -426,8 +443,18 @@ class ResumeCheck:
         previous = self._seen.get(event_id) if event_id is not None else None
         return previous is not None and previous != digest
 
-    def on_end(self, reason: str, *, closed_by_client: bool = False) -> list[Gap]:
-        """The stream ended (``reason`` says how) or the client closed it."""
+    def on_end(
+        self, reason: str, *, closed_by_client: bool = False, server_closed: bool = False
+    ) -> list[Gap]:
+        """The stream ended (``reason`` says how) or the client closed it.
+        ``server_closed``: the server held it open and then ended it on
+        purpose (a clean end of a polling lineage, after the confirmation
+        window), so an empty stream is a poll that found nothing new.  An
+        empty stream ended sooner is seed 000's empty replay.
+
+        Requests still pending are not orphaned here: the client may resume
+        the lineage again (polling does, every time).  They stay for
+        :meth:`release`; the caller orphans them when the lineage ends."""
         if self._ended:
             return []
         self._ended = True
@@ -441,21 +468,28 @@ class ResumeCheck:
             if self._session_changed is not None:
                 found.append(self._session_changed)
                 found.extend(self._orphan_all("the session changed"))
-            unconfirmed = replay_unconfirmed_rule(self.delivered, reason)
-            if unconfirmed is not None:
-                found.append(unconfirmed)
-            if not closed_by_client:
-                found.extend(self._orphan_all(f"the resumed stream ended ({reason})"))
+            if not server_closed:
+                unconfirmed = replay_unconfirmed_rule(self.delivered, reason)
+                if unconfirmed is not None:
+                    found.append(unconfirmed)
             self._decide(Outcome.UNVERIFIABLE, found)
             return found
-        if not closed_by_client:
-            found.extend(self._orphan_all(f"the resumed stream ended ({reason})"))
-            self.gaps.extend(found)
         return found
 
+    def release(self) -> dict[str, str]:
+        """The requests still pending when the stream ended (request id ->
+        method), handed back to the lineage: answered by a later resume, or
+        orphaned when the lineage ends."""
+        if self._replaced:
+            return {}
+        held = {rid: entry.method for rid, entry in self._pending.items()}
+        self._pending.clear()
+        return held
+
     def on_timeout(self, seconds: float) -> list[Gap]:
-        """The confirmation window passed with the stream still open."""
-        if self.verdict is not None or self._ended:
+        """The confirmation window passed with the stream still open.  On a
+        poll silence is not evidence: nothing is decided."""
+        if self.verdict is not None or self._ended or self.poll:
             return []
         found: list[Gap] = []
         if self._session_changed is not None:

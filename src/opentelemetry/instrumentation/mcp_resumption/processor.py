@@ -56,6 +56,8 @@ _logger = logging.getLogger(__name__)
 # seconds, and when the stream ends.
 EVENTS_BATCH = 64
 EVENTS_BATCH_SECONDS = 1.0
+# What the MCP SDKs wait before a reconnect when the server sent no retry:.
+DEFAULT_RETRY_SECONDS = 1.0
 # Session ids whose keyed hash is remembered (a dict, emptied when full).
 SESSION_HASH_CACHE = 1024
 # Session ids at least this long are scrubbed from exported text wherever they
@@ -458,6 +460,10 @@ class ContinuityProcessor(SpanProcessor):
         """Called before the request is sent; a resume opens ``mcp.resume``.
         ``attributes``: ``request_attributes(facts)`` if the caller has them."""
         if facts.last_event_id is None:
+            if facts.method == "DELETE" and facts.session_id:
+                # Before the answer: the server closes the session's streams
+                # while it handles the DELETE.
+                self.tracker.session_terminated(facts.server, facts.session_id)
             return None
         if attributes is None:
             attributes = self.request_attributes(facts)
@@ -520,7 +526,9 @@ class ContinuityProcessor(SpanProcessor):
         if not event_stream:
             self._apply(context, self.tracker.stream_ended(stream, "a response without events"))
             return None
-        if stream.check is not None and stream.check.verdict is None:
+        if stream.check is not None and stream.check.verdict is None and not stream.check.poll:
+            # A poll waits for its first event or its end: silence is the
+            # server's answer "nothing yet", not evidence of a lost replay.
             context.deadline = self._deadlines.add(
                 self.settings.confirm_timeout, lambda: self._timeout(context)
             )
@@ -589,21 +597,53 @@ class ContinuityProcessor(SpanProcessor):
         cancelled without one."""
         self.tracker.event_consumed(context.stream)
 
-    def ended(self, context: StreamContext, reason: str, *, closed_by_client: bool = False) -> None:
+    def retry_seen(self, context: StreamContext, retry_ms: int) -> None:
+        """The stream carried a ``retry:`` field (a polling server)."""
+        if isinstance(retry_ms, int) and retry_ms >= 0:
+            self.tracker.retry_seen(context.stream, retry_ms)
+
+    def ended(
+        self,
+        context: StreamContext,
+        reason: str,
+        *,
+        closed_by_client: bool = False,
+        clean: bool = False,
+    ) -> None:
+        """The stream ended; ``clean``: its body ended normally, not by a
+        read error (a server closing a polling stream on purpose)."""
         if collecting():
             # An iterator finalised by the GC, maybe at an allocation made while
             # this thread holds the tracker's or the SDK's lock: report later.
-            self._deferred.put(self._ended, context, reason, closed_by_client)
+            self._deferred.put(self._ended, context, reason, closed_by_client, clean)
             return
-        self._ended(context, reason, closed_by_client)
+        self._ended(context, reason, closed_by_client, clean)
 
-    def _ended(self, context: StreamContext, reason: str, closed_by_client: bool) -> None:
+    def _ended(
+        self, context: StreamContext, reason: str, closed_by_client: bool, clean: bool
+    ) -> None:
         self._count_events(context)
         self._deadlines.cancel(context.deadline)
-        self._apply(
-            context,
-            self.tracker.stream_ended(context.stream, reason, closed_by_client=closed_by_client),
+        held_open = bool(context.started) and (
+            time.monotonic() - context.started >= self.settings.confirm_timeout
         )
+        step = self.tracker.stream_ended(
+            context.stream, reason, closed_by_client=closed_by_client, clean=clean,
+            held_open=held_open,
+        )
+        self._apply(context, step)
+        if step.held:
+            # Requests still pending go on with the lineage.  A client that
+            # does not resume it within the retry it was asked for and the
+            # confirmation window has stopped resuming them: orphaned then.
+            retry = context.stream.retry_ms
+            grace = (retry / 1000 if retry is not None else DEFAULT_RETRY_SECONDS) + (
+                self.settings.confirm_timeout
+            )
+            why = f"the client did not resume the stream within {grace:g} s"
+            self._deadlines.add(
+                grace, lambda: self._apply(context, self.tracker.lineage_ended(context.stream, why))
+            )
 
     # ------------------------------------------------------ telemetry out
 

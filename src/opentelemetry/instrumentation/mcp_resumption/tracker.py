@@ -35,6 +35,7 @@ from .continuity import (
     ReplayContract,
     ResumeCheck,
     Verdict,
+    orphaned_request_rule,
     parse_event_id,
 )
 from .jsonrpc import responses_in
@@ -103,22 +104,30 @@ class Session:
 
     __slots__ = (
         "history_lost",
+        "holders",
         "pending",
         "seen",
         "sent",
         "sent_overflowed",
         "server",
         "session_id",
+        "terminated",
     )
 
     def __init__(self, server: str, session_id: str | None, history_lost: bool = False) -> None:
         self.server = server
         self.session_id = session_id
+        # The client ended the session (HTTP DELETE): the server closing its
+        # streams then is the client's doing, not a poll.
+        self.terminated = False
         self.seen = SeenWindow()
         # request key -> (method, lineage of the stream its response must come
         # on; None where any stream of the session may carry it, as in legacy
         # SSE); None until the first request, as most sessions hold few
         self.pending: dict[str, tuple[str, int | None]] | None = None
+        # request key -> key of the resumed stream that ended holding it: its
+        # lineage's deadline may orphan it only while no later stream took it
+        self.holders: dict[str, int] | None = None
         # request keys sent, oldest first; a list because it is appended to
         # per request and searched only at a resume
         self.sent: list[str] | None = None
@@ -134,10 +143,14 @@ class Session:
     def answered(self, request_keys: Iterable[str]) -> None:
         pending = self.pending
         if pending:
+            holders = self.holders
             for key in request_keys:
                 pending.pop(key, None)
+                if holders:
+                    holders.pop(key, None)
             if not pending:
                 self.pending = None  # an emptied dict keeps its table
+                self.holders = None
 
 
 class Stream:
@@ -160,7 +173,11 @@ class Stream:
         "last_consumed",
         "last_received",
         "lineage",
+        "primed",
+        "resumed_again",
+        "retry_ms",
         "server",
+        "server_closed",
         "session",
         "taken",
         "transport",
@@ -180,6 +197,14 @@ class Stream:
         self.check: ResumeCheck | None = None
         self.carries: tuple[str, ...] = ()
         self.ended = False
+        # Polling (2025-11-25): the lineage carried a priming event (an id and
+        # no data) or a ``retry:`` field, so a clean end of its body is the
+        # server closing it on purpose; the retry it asked for, in ms.
+        self.primed = False
+        self.retry_ms: int | None = None
+        self.server_closed = False
+        # A later stream resumed this one's cursor: its lineage goes on there.
+        self.resumed_again = False
         # Waiting in Tracker._dirty to have its cursors indexed; the ids it
         # is indexed under now.
         self.dirty = False
@@ -193,6 +218,10 @@ class Step:
 
     gaps: tuple[Gap, ...] = ()
     verdict: Verdict | None = None
+    # Requests still pending when a resumed stream ended, handed back to its
+    # lineage: the caller ends the lineage (``Tracker.lineage_ended``) if the
+    # client does not resume it.
+    held: bool = False
 
 
 NOTHING = Step()  # what most observations produce; compared by identity
@@ -317,7 +346,10 @@ class Tracker:
             return ResumeCheck(cursor, self.contract)
         self._settle(previous)
         previous.ended = True
+        previous.resumed_again = True
         stream.lineage = previous.lineage
+        stream.primed = previous.primed
+        stream.retry_ms = previous.retry_ms
         session = previous.session
         unconsumed = previous.last_received == cursor_raw and previous.last_consumed != cursor_raw
         cursor = Cursor(
@@ -345,6 +377,7 @@ class Tracker:
             pending=pending,
             unconsumed_responses=unconsumed_responses,
             sent_by_session=session.sent_here,
+            poll=previous.server_closed,
         )
 
     def cursor_session(self, server: str, last_event_id: str | None) -> str | None:
@@ -404,6 +437,8 @@ class Tracker:
             if event_id is not None:
                 if data:  # markers carry no content to compare
                     stream.session.seen.remember(event_id, digest)
+                else:  # a priming event: the server may close the stream to poll
+                    stream.primed = True
                 stream.last_received = event_id
             stream.unconsumed_responses = responses
             if not stream.dirty:
@@ -421,12 +456,40 @@ class Tracker:
             stream.dirty = True
             self._dirty.append(stream)
 
-    def stream_ended(self, stream: Stream, reason: str, *, closed_by_client: bool = False) -> Step:
+    def session_terminated(self, server: str, session_id: str) -> None:
+        """The client asked the server to end the session (HTTP DELETE)."""
+        with self._lock:
+            session = self._sessions.get((server, session_id))
+            if session is not None:
+                session.terminated = True
+
+    def retry_seen(self, stream: Stream, retry_ms: int) -> None:
+        """The stream carried ``retry:``: the server polls (and how often)."""
+        stream.primed = True
+        stream.retry_ms = retry_ms
+
+    def stream_ended(
+        self,
+        stream: Stream,
+        reason: str,
+        *,
+        closed_by_client: bool = False,
+        clean: bool = False,
+        held_open: bool = False,
+    ) -> Step:
+        """The stream ended.  ``clean``: its body ended as HTTP ends a body
+        (not a read error, not cut short); on a polling lineage that is the
+        server closing it on purpose, and the next resume is a poll.
+        ``held_open``: it was open at least the confirmation window, so an
+        empty poll closed then is the server's "nothing new yet"."""
         with self._lock:
             self._settle(stream)
             if stream.ended and stream.check is None:
                 return NOTHING
             stream.ended = True
+            stream.server_closed = (
+                clean and not closed_by_client and stream.primed and not stream.session.terminated
+            )
             if closed_by_client and set(stream.carries).intersection(stream.unconsumed_responses):
                 # A POST stream closed right after the answer to its own
                 # request: the client took it (that is how the MCP SDKs finish
@@ -436,7 +499,50 @@ class Tracker:
             if stream.check is None:
                 return NOTHING
             check = stream.check
-            return self._run(check, lambda: check.on_end(reason, closed_by_client=closed_by_client))
+            step = self._run(
+                check,
+                lambda: check.on_end(
+                    reason,
+                    closed_by_client=closed_by_client,
+                    server_closed=stream.server_closed and held_open,
+                ),
+            )
+            held = check.release()
+            if not held:
+                return step
+            session = stream.session
+            if session.pending is None:
+                session.pending = {}
+            if session.holders is None:
+                session.holders = {}
+            for key, method in held.items():
+                session.pending[key] = (method, stream.lineage)
+                session.holders[key] = stream.key
+            return Step(step.gaps, step.verdict, held=True)
+
+    def lineage_ended(self, stream: Stream, why: str) -> Step:
+        """The client did not resume ``stream`` (a resumed stream that ended
+        holding requests): they are orphaned now.  Nothing if a later stream
+        resumed it, which then holds them."""
+        with self._lock:
+            session = stream.session
+            holders = session.holders
+            if stream.resumed_again or not holders:
+                return NOTHING
+            pending = session.pending or {}
+            gaps = []
+            for key, holder in list(holders.items()):
+                if holder != stream.key:
+                    continue
+                del holders[key]
+                entry = pending.pop(key, None)
+                if entry is not None:  # else answered, or taken by a later resume
+                    gaps.append(orphaned_request_rule(key, entry[0], why))
+            if not pending:
+                session.pending = None
+            if not holders:
+                session.holders = None
+            return Step(tuple(gaps)) if gaps else NOTHING
 
     def timeout(self, stream: Stream, seconds: float) -> Step:
         with self._lock:

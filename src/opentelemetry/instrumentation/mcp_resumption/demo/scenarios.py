@@ -631,6 +631,28 @@ async def _caught_up_priming() -> ScenarioWire:
         return wire.resumed_once(attempt, router.exchanges)
 
 
+async def _poll_cut_twice() -> ScenarioWire:
+    async with _staged() as stage:
+        backend = await stage.serve("sdk-stateful", sdk_streamable_app(event_store=IntEventStore()))
+        router = await stage.route(lambda request: Route(backend))
+        wire = ScenarioWire("poll_cut_twice", MCP_MAJOR, transport_before="streamable-http")
+        async with sdk_streamable_session(f"{router.url}/mcp") as session:
+            wire.tool_result = await session.call_tool(
+                "poll", {"cuts": 2}, read_timeout=_GUARD_TIMEOUT_S
+            )
+        exchanges = router.exchanges
+        call = next(x for x in exchanges if x.request.jsonrpc_method == "tools/call")
+        request_id = _request_id(call.request.jsonrpc or {})
+        wire.session_id_before = _initialize_session(exchanges)
+        wire.received_before = _events_of(call)
+        wire.in_flight = {request_id: "tools/call"}
+        wire.resumes = [_attempt_of(x, request_id) for x in _resumes(exchanges)]
+        if wire.resumes:
+            wire.session_id_after = wire.resumes[-1].session_id_received
+        wire.exchanges = exchanges
+        return wire
+
+
 async def _reinitialize() -> ScenarioWire:
     async with _staged() as stage:
         legacy = await stage.serve(
@@ -834,6 +856,18 @@ _SCENARIOS: Final = (
         expected_gaps=(),
         expected_outcome="rejected",
         run=_expired_session_404,
+    ),
+    Scenario(
+        name="poll_cut_twice",
+        happened=(
+            "Control. Polling (2025-11-25): the SDK server's tool closes its own SSE stream "
+            "twice (close_sse_stream, after a priming event with retry:), each time after a "
+            "progress notification; the SDK client reconnects with Last-Event-ID each time "
+            "and the result arrives on the second reconnect. Nothing is lost."
+        ),
+        expected_gaps=(),
+        expected_outcome="resumed",
+        run=_poll_cut_twice,
     ),
 )
 

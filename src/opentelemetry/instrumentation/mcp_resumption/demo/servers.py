@@ -83,6 +83,10 @@ TOOLS: Final[tuple[dict[str, object], ...]] = (
 )
 
 
+# How long the polling tool waits after each close of its stream.
+POLL_AWAY_S: Final = 0.3
+
+
 def search_hits(query: str) -> str:
     """The (fixed) result of ``search_index``: what the client must not lose."""
     return f"3 hits for {query!r}: doc-17, doc-42, doc-99"
@@ -408,6 +412,18 @@ def _register_tools(server: Any) -> None:
         for step in range(1, steps + 1):
             await ctx.report_progress(step, steps, f"step {step}/{steps}")
         return f"slow finished {steps} steps"
+
+    @server.tool()
+    async def poll(ctx: _Context, cuts: int = 2) -> str:  # type: ignore[type-arg]
+        """Poll (2025-11-25): report progress and close the SSE stream, *cuts*
+        times, then answer; the client reconnects after each close."""
+        for cut in range(1, cuts + 1):
+            await ctx.report_progress(cut, cuts, f"cut {cut}/{cuts}")
+            await ctx.close_sse_stream()
+            # The client is away for the retry interval; what is sent meanwhile
+            # is stored and replayed, so the outcome does not hang on this wait.
+            await asyncio.sleep(POLL_AWAY_S)
+        return f"poll finished after {cuts} cuts"
 
 
 def sdk_streamable_app(

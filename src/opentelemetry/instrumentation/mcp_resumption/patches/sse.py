@@ -51,11 +51,12 @@ def _ended(
     *,
     delivered: bool = False,
     closed_by_client: bool = False,
+    clean: bool = False,
 ) -> None:
     _asked_next(processor, context, delivered)
     guarded(
         "observing the stream end", processor.ended, context, reason,
-        closed_by_client=closed_by_client,
+        closed_by_client=closed_by_client, clean=clean,
     )
     # Reported: the response's close that follows has nothing left to tell.
     streams.pop(response, None)
@@ -68,6 +69,9 @@ def _observe(event: Any, context: Any, sse: Any, previous: str | None) -> str | 
     # such an event claims no id of its own.
     event_id = sse.id or None
     try:
+        retry = getattr(sse, "retry", None)
+        if retry is not None:  # rare: a polling server says how often
+            active.processor.retry_seen(context, retry)
         event(context, sse.event, None if event_id == previous else event_id, sse.data)
     except ResumptionGapError as error:
         enforced(error)
@@ -90,7 +94,11 @@ def _observed(
             try:
                 sse = next(events)
             except StopIteration:
-                _ended(processor, context, response, "the stream ended", delivered=delivered)
+                # The body ended as HTTP ends one: a read error would raise.
+                _ended(
+                    processor, context, response, "the stream ended",
+                    delivered=delivered, clean=True,
+                )
                 return
             except Exception as error:
                 reason = f"a read error ({type(error).__name__})"
@@ -126,7 +134,10 @@ async def _aobserved(
             try:
                 sse = await events.__anext__()
             except StopAsyncIteration:
-                _ended(processor, context, response, "the stream ended", delivered=delivered)
+                _ended(
+                    processor, context, response, "the stream ended",
+                    delivered=delivered, clean=True,
+                )
                 return
             except Exception as error:
                 reason = f"a read error ({type(error).__name__})"
