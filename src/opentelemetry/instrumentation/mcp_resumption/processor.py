@@ -115,6 +115,28 @@ class ResumeStart:
     started: float
 
 
+@dataclass
+class _Hop:
+    """A resume answered without a stream the client may still follow: a 3xx
+    (the MCP SDKs follow same-origin redirects themselves, one request per
+    hop) or a 2xx that is not an event stream (mcp 2.x retries it).  Part of
+    the attempt, not a verdict: the next request with the same cursor
+    continues the attempt, and only if none comes is this answer judged."""
+
+    facts: RequestFacts
+    resume: ResumeStart
+    status: int
+    session_id: str | None
+    deadline: list | None = None
+
+
+# Hops parked by the reconnect loop of the running task (the MCP SDK patch
+# sets a list): when that loop returns, the client has stopped following them.
+hop_scope: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar(
+    "mcp_resumption_hop_scope", default=None
+)
+
+
 class _Deadlines:
     """One daemon thread that fires confirmation-window timeouts; a timer
     thread per resume would not survive hundreds of concurrent streams."""
@@ -258,6 +280,8 @@ class ContinuityProcessor(SpanProcessor):
         self._hash_key = os.urandom(32)
         self._session_hashes: dict[str, str] = {}
         self._deadlines = _Deadlines()
+        self._hops: dict[tuple[str, str], _Hop] = {}
+        self._hops_lock = threading.Lock()
 
     # ------------------------------------------------------ SpanProcessor
 
@@ -331,6 +355,9 @@ class ContinuityProcessor(SpanProcessor):
         ``attributes``: ``request_attributes(facts)`` if the caller has them."""
         if facts.last_event_id is None:
             return None
+        hop = self._unpark((facts.server, facts.last_event_id))
+        if hop is not None:
+            return hop.resume  # the next hop of the same attempt
         if attributes is None:
             attributes = self.request_attributes(facts)
         span = self._tracer.start_span(
@@ -356,6 +383,19 @@ class ContinuityProcessor(SpanProcessor):
                 self.tracker.request_sent(facts.server, facts.legacy_session_id, facts.requests)
             if resume is None:
                 return None
+            if status < 400:
+                self._park(_Hop(facts, resume, status, response_session_id))
+                return None
+        return self._open(facts, resume, status, response_session_id, event_stream)
+
+    def _open(
+        self,
+        facts: RequestFacts,
+        resume: ResumeStart | None,
+        status: int,
+        response_session_id: str | None,
+        event_stream: bool,
+    ) -> StreamContext | None:
         transport = self._transport(facts, response_session_id)
         session_id = response_session_id or facts.session_id
         if facts.requests and event_stream:
@@ -387,7 +427,8 @@ class ContinuityProcessor(SpanProcessor):
                 resume.span.set_attribute(sc.MCP_SESSION_ID, current)
         self._apply(context, self.tracker.response(stream, status, response_session_id))
         if not event_stream:
-            self._apply(context, self.tracker.stream_ended(stream, "a response without events"))
+            why = "a redirect not followed" if 300 <= status < 400 else "a response without events"
+            self._apply(context, self.tracker.stream_ended(stream, why))
             return None
         if stream.check is not None and stream.check.verdict is None:
             context.deadline = self._deadlines.add(
@@ -434,6 +475,37 @@ class ContinuityProcessor(SpanProcessor):
             context,
             self.tracker.stream_ended(context.stream, reason, closed_by_client=closed_by_client),
         )
+
+    # ------------------------------------------------------ hops
+
+    def _park(self, hop: _Hop) -> None:
+        key = (hop.facts.server, hop.facts.last_event_id or "")
+        with self._hops_lock:
+            replaced = self._hops.pop(key, None)
+            self._hops[key] = hop
+        if replaced is not None:  # another attempt with the same cursor: judge that one now
+            self._deadlines.cancel(replaced.deadline)
+            self._judge(replaced)
+        hop.deadline = self._deadlines.add(self.settings.confirm_timeout, lambda: self.settle(key))
+        scope = hop_scope.get()
+        if scope is not None:
+            scope.append(key)
+
+    def _unpark(self, key: tuple[str, str]) -> _Hop | None:
+        with self._hops_lock:
+            hop = self._hops.pop(key, None)
+        if hop is not None:
+            self._deadlines.cancel(hop.deadline)
+        return hop
+
+    def settle(self, key: tuple[str, str]) -> None:
+        """No request followed the hop parked under ``key``: judge its answer."""
+        hop = self._unpark(key)
+        if hop is not None:
+            self._judge(hop)
+
+    def _judge(self, hop: _Hop) -> None:
+        self._open(hop.facts, hop.resume, hop.status, hop.session_id, False)
 
     # ------------------------------------------------------ telemetry out
 

@@ -35,6 +35,11 @@ reading: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "mcp_resumption_reading", default=None
 )
 
+# The next request of a redirect the client follows itself (one ``send`` per
+# hop, as the MCP SDKs do) -> the JSON-RPC requests of the request it
+# redirects: the re-sent body is a stream ``request.content`` cannot give.
+_redirected: weakref.WeakKeyDictionary[Any, list[tuple[str, str]]] = weakref.WeakKeyDictionary()
+
 MAX_HEADER_LENGTH = 1024
 
 
@@ -67,12 +72,7 @@ def request_facts(request: Any) -> RequestFacts | None:
     method = request.method
     requests: list[tuple[str, str]] = []
     if method == "POST":
-        try:
-            body = request.content
-        except Exception:  # a streaming body has not been read: not ours to read
-            body = None
-        if body and len(body) <= MAX_PARSED_BYTES:
-            requests = requests_in(body)
+        requests = _requests_of(request)
     host = url.host or ""
     return RequestFacts(
         method=method,
@@ -84,6 +84,24 @@ def request_facts(request: Any) -> RequestFacts | None:
         protocol_version=_header(headers, "mcp-protocol-version"),
         requests=requests,
     )
+
+
+def _requests_of(request: Any) -> list[tuple[str, str]]:
+    """The JSON-RPC requests of a POST, whatever its body type."""
+    try:
+        body = request.content
+    except Exception:  # a streamed body: the hop of a redirect, or the caller's stream
+        carried = _redirected.get(request)
+        if carried is not None:
+            return carried
+        # A bytes body re-sent as a stream can be read again without consuming
+        # anything; any other stream is the caller's to read, not ours.
+        body = getattr(getattr(request, "stream", None), "_stream", None)
+        if not isinstance(body, bytes):
+            return []
+    if body and len(body) <= MAX_PARSED_BYTES:
+        return requests_in(body)
+    return []
 
 
 def _prepare(args: tuple, kwargs: dict):
@@ -106,6 +124,9 @@ def _span_scope(resume: Any):
 
 
 def _observe_response(processor: Any, facts: RequestFacts, resume: Any, response: Any) -> None:
+    next_request = getattr(response, "next_request", None)
+    if next_request is not None and facts.requests:
+        _redirected[next_request] = facts.requests
     content_type = response.headers.get("content-type", "")
     context = processor.end_request(
         facts,

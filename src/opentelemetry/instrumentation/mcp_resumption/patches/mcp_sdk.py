@@ -11,6 +11,11 @@ and 1.x then leaves the caller of the pending request waiting for ever.  So
 once a gap error was raised on a request's stream, the next reconnect of that
 request is not attempted: the request is answered with a JSON-RPC error that
 carries the gap, and the caller's pending call fails with it.
+
+The reconnect loop is also where a resume's hops end: a redirect or a non-SSE
+answer that the SDK retries continues the same attempt, and when the
+outermost call returns, the client has stopped following them, so what is
+still parked is judged then rather than when the confirmation window passes.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from opentelemetry.instrumentation.utils import unwrap
 from wrapt import wrap_function_wrapper
 
 from ..continuity import ResumptionGapError
-from . import enforced_errors, guarded
+from ..processor import hop_scope
+from . import active, enforced_errors, guarded
 
 MODULE = "mcp.client.streamable_http"
 TARGETS = ("_handle_reconnection", "_handle_resumption_request")
@@ -68,6 +74,8 @@ async def _reconnect(wrapped, instance, args, kwargs):
     if raised is not None:
         return await wrapped(*args, **kwargs)
     token = enforced_errors.set([])
+    hops: list[tuple[str, str]] = []
+    hops_token = hop_scope.set(hops)
     try:
         return await wrapped(*args, **kwargs)
     except ResumptionGapError as error:  # 2.x lets it out of an explicit resumption
@@ -75,7 +83,12 @@ async def _reconnect(wrapped, instance, args, kwargs):
         await _fail_request(ctx, error)
         return None
     finally:
+        hop_scope.reset(hops_token)
         enforced_errors.reset(token)
+        processor = active.processor
+        if processor is not None:
+            for key in hops:
+                guarded("judging an unfollowed hop", processor.settle, key)
 
 
 def instrument() -> list[tuple[Any, str]]:
