@@ -383,9 +383,10 @@ class ContinuityProcessor(SpanProcessor):
                 self.tracker.request_sent(facts.server, facts.legacy_session_id, facts.requests)
             if resume is None:
                 return None
-            if status < 400:
-                self._park(_Hop(facts, resume, status, response_session_id))
-                return None
+        if resume is not None and (300 <= status < 400 or (status < 300 and not event_stream)):
+            # Whatever its content type, a redirect is never the stream itself.
+            self._park(_Hop(facts, resume, status, response_session_id))
+            return None
         return self._open(facts, resume, status, response_session_id, event_stream)
 
     def _open(

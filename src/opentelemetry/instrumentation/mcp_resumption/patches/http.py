@@ -11,6 +11,7 @@ the resume's ``mcp.resume`` span is that span's parent.
 from __future__ import annotations
 
 import contextvars
+import sys
 import weakref
 from contextlib import nullcontext
 from typing import Any
@@ -182,9 +183,17 @@ async def _async_send(wrapped, instance, args, kwargs):
     return response
 
 
-def _closed(response: Any) -> None:
+def _closed(response: Any, orderly: bool) -> None:
     context = streams.pop(response, None)
     if context is not None and active.processor is not None:
+        if orderly:
+            # The application closed the response itself, in its own time: it
+            # read what it wanted and is done with the last event it was
+            # handed (it may resume from that one).  A close while an error or
+            # a cancellation is on its way out (the handler of that event was
+            # cut short) and an iterator closed before the next event leave it
+            # unconsumed: the precondition of the drain race.
+            active.processor.asked_next(context)
         active.processor.ended(context, "closed by the application", closed_by_client=True)
 
 
@@ -194,13 +203,15 @@ def _close(wrapped, instance, args, kwargs):
     # A close from inside an observed read is httpx ending the body, not the
     # application: the iterator reports that end itself.
     if instance in streams and reading.get() != id(instance):
-        guarded("observing a closed response", _closed, instance)
+        orderly = sys.exc_info()[1] is None
+        guarded("observing a closed response", _closed, instance, orderly)
     return wrapped(*args, **kwargs)
 
 
 async def _aclose(wrapped, instance, args, kwargs):
     if instance in streams and reading.get() != id(instance):
-        guarded("observing a closed response", _closed, instance)
+        orderly = sys.exc_info()[1] is None
+        guarded("observing a closed response", _closed, instance, orderly)
     return await wrapped(*args, **kwargs)
 
 
