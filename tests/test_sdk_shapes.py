@@ -240,3 +240,38 @@ def test_a_close_while_the_handler_is_cancelled_is_still_the_drain_race(
     assert asyncio.run(client()) == ["1", "2", "3"]
     assert telemetry.gap_kinds() == {"drain_race": 1}
     assert telemetry.outcomes() == {"gap": 1}
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_a_gap_found_after_the_verdict_makes_the_attempt_a_gap(
+    server, instrumented, telemetry, library
+):
+    """The replay starts right after the cursor (a verdict of continuity at
+    its first event), then ends without the answer to the pending request:
+    the attempt had a gap, so its outcome, its span and its gaps say so."""
+    path = f"/late-{library}"
+    session = {"mcp-session-id": f"late-{library}"}
+    server.on("POST", path, lambda request, body: (200, session, [sse("1", _notice(1))]))
+    server.on("GET", path, lambda request, body: (200, session, [sse("2", _notice(2))]))
+
+    async def client() -> None:
+        headers = {"accept": "application/json, text/event-stream", **session}
+        async with _http(library)(base_url=server.url) as http:
+            call = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "x"}}
+            async with http.stream("POST", path, json=call, headers=headers) as response:
+                async for _ in _events(library, response):
+                    pass
+            resume = {**headers, "last-event-id": "1"}
+            async with http.stream("GET", path, headers=resume) as response:
+                async for _ in _events(library, response):
+                    pass
+
+    asyncio.run(client())
+    assert telemetry.gap_kinds() == {"orphaned_request": 1}
+    assert telemetry.outcomes() == {"gap": 1}
+    (span,) = telemetry.resume_spans()
+    assert span.attributes["mcp.resumption.outcome"] == "gap"
+    assert span.status.status_code.name == "ERROR"
+    assert [event.attributes["mcp.resumption.gap.kind"] for event in span.events] == [
+        "orphaned_request"
+    ]

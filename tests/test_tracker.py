@@ -89,6 +89,13 @@ class Run:
     def outcome(self) -> str | None:
         return self.verdict.outcome.value if self.verdict else None
 
+    @property
+    def final_outcome(self) -> str | None:
+        """The attempt's one outcome, given when it closed (at most once)."""
+        finals = [step.final for step in self.steps if step.final is not None]
+        assert len(finals) <= 1, finals
+        return finals[0].outcome.value if finals else None
+
 
 def break_stream(
     t: Tracker,
@@ -279,6 +286,7 @@ def test_id_reused_later_in_the_replay():
     run = resume(t, "4821", replay)
     assert run.outcome == "resumed"  # decided at the first event
     assert run.kinds == {"id_reused"}
+    assert run.final_outcome == "gap"  # the attempt had a gap: never counted resumed
 
 
 def test_seed_004_drain_race_loses_the_tools_call_result():
@@ -373,6 +381,7 @@ def test_pending_request_the_replay_never_answers_is_orphaned():
     break_stream(t, seed_000_ids(), posted=[tools_call(7)])
     run = resume(t, "4821", [("4822", notification(5))])
     assert run.outcome == "resumed"  # decided at the first event, before the end
+    assert run.final_outcome == "gap"  # the attempt had a gap: never counted resumed
     assert run.kinds == {"orphaned_request"}
 
 

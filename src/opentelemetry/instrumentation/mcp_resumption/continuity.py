@@ -355,10 +355,15 @@ class ResumeCheck:
     """Runs the rules over one resume attempt, fed in the order things happen.
 
     Not thread-safe on its own: the tracker calls it under its lock.  Every
-    ``on_*`` method returns the gaps it newly found; :attr:`verdict` is set
-    once, at the first decisive fact, and gaps found later on the same stream
-    (a reused id, a foreign response, an orphan seen at the stream's end) are
-    returned as they are found.
+    ``on_*`` method returns the gaps it newly found.  :attr:`verdict` is set
+    at the first decisive fact (what enforce mode acts on); gaps found later
+    on the same stream (a reused id, a foreign response, an orphan seen at
+    the stream's end) are returned as they are found.  The attempt is
+    :attr:`closed` once nothing it still waits for can show a gap: the stream
+    ended, or its pending requests are answered and ``watch`` more events
+    passed; :attr:`final` is
+    then its one verdict, every gap included, and the check stops looking:
+    an attempt with a gap is never ``resumed``.
     """
 
     def __init__(
@@ -370,8 +375,14 @@ class ResumeCheck:
         pending: Mapping[str, str] | None = None,
         unconsumed_responses: Mapping[str, tuple[str, EventId | None]] | None = None,
         sent_by_session: Callable[[str], bool] | None = None,
+        watch: int = 32,
     ) -> None:
         self.cursor = cursor
+        # Events the check keeps looking at after its verdict, for a reused id
+        # or a foreign response, once nothing is pending: as many as the seen
+        # window it compares with holds, after which no earlier id is left.
+        self._watch = watch
+        self._after_verdict = 0
         self.contract = contract
         self._seen = seen if seen is not None else {}
         # request id -> method: requests whose response must come on this stream
@@ -383,6 +394,8 @@ class ResumeCheck:
         self._sent_by_session = sent_by_session
         self.response_session_id: str | None = None
         self.verdict: Verdict | None = None
+        self.final: Verdict | None = None
+        self.closed = False
         self.gaps: list[Gap] = []
         self.delivered = 0
         self.first_event_id: str | None = None
@@ -402,13 +415,14 @@ class ResumeCheck:
         return []
 
     def on_event(self, event: ObservedEvent) -> list[Gap]:
-        if self._ended:
+        if self._ended or self.closed:
             return []
         self.delivered += 1
         found: list[Gap] = []
         if self.verdict is None:
             found.extend(self._first_event(event))
         else:
+            self._after_verdict += 1
             found.extend(self._later_event(event))
         return found
 
@@ -417,7 +431,7 @@ class ResumeCheck:
         before the verdict; after it, only a response (answered, or foreign)
         or an id this session saw with other data.  Lets the caller skip
         building the event for the rest of a long resumed stream."""
-        if self._ended or self._replaced:
+        if self._ended or self._replaced or self.closed:
             return False
         if self.verdict is None or has_responses:
             return True
@@ -429,6 +443,8 @@ class ResumeCheck:
         if self._ended:
             return []
         self._ended = True
+        if self.closed:
+            return []
         found: list[Gap] = []
         if self.verdict is None:
             if closed_by_client and self._session_changed is not None and not self.delivered:
@@ -449,6 +465,7 @@ class ResumeCheck:
         if not closed_by_client:
             found.extend(self._orphan_all(f"the resumed stream ended ({reason})"))
             self.gaps.extend(found)
+        self._close()
         return found
 
     def on_timeout(self, seconds: float) -> list[Gap]:
@@ -516,6 +533,7 @@ class ResumeCheck:
 
     def _later_event(self, event: ObservedEvent) -> list[Gap]:
         if self._replaced:
+            self._close()
             return []
         found: list[Gap] = []
         reused = id_reused_rule(self._seen, event)
@@ -523,6 +541,7 @@ class ResumeCheck:
             found.append(reused)
         found.extend(self._responses(event))
         self.gaps.extend(found)
+        self._close()
         return found
 
     def _settle_unconsumed(self, first: ObservedEvent) -> list[Gap]:
@@ -568,6 +587,24 @@ class ResumeCheck:
         if self.gaps:
             outcome = Outcome.GAP
         self.verdict = Verdict(outcome, tuple(self.gaps), self.first_event_id, self.delivered)
+        self._close()
+
+    def _close(self) -> None:
+        """Close the attempt once it is decided and waits for nothing more:
+        no pending request whose answer could still come (or fail to), or
+        the stream has ended."""
+        verdict = self.verdict
+        if self.closed or verdict is None:
+            return
+        if not (self._ended or self._replaced) and (
+            self._pending or self._after_verdict < self._watch
+        ):
+            return
+        self.closed = True
+        outcome = Outcome.GAP if self.gaps else verdict.outcome
+        self.final = Verdict(
+            outcome, tuple(self.gaps), verdict.first_event_id, verdict.replayed_events
+        )
 
 
 # ---------------------------------------------------- seed-compatible API

@@ -82,6 +82,7 @@ class StreamContext:
         "attributes",
         "counted_at",
         "deadline",
+        "decided",
         "error",
         "events_key",
         "facts",
@@ -101,6 +102,7 @@ class StreamContext:
         self.started = 0.0
         self.error: ResumptionGapError | None = None
         self.deadline: list | None = None
+        self.decided = 0.0  # when the verdict was given (the attempt may close later)
         # Events read but not yet added to the totals, and when they last were.
         self.uncounted = 0
         self.counted_at = time.monotonic()
@@ -521,14 +523,17 @@ class ContinuityProcessor(SpanProcessor):
         self._apply(context, self.tracker.timeout(context.stream, seconds))
 
     def _apply(self, context: StreamContext, step: Step) -> None:
-        if step.verdict is None and not step.gaps:
+        if step is NOTHING:
             return
         check = context.stream.check
         for gap in step.gaps:
             self._emit_gap(context, gap)
         if step.verdict is not None:
             self._deadlines.cancel(context.deadline)
-            self._finish(context, step.verdict, check.cursor.transport if check else None)
+            context.decided = time.monotonic()
+        if step.final is not None:
+            # The attempt is over: one outcome, with every gap it had.
+            self._finish(context, step.final, check.cursor.transport if check else None)
         if step.gaps and self.settings.enforce and context.error is None:
             context.error = enforcement_error(step.gaps)
 
@@ -572,7 +577,7 @@ class ContinuityProcessor(SpanProcessor):
         )
         if context.started:
             self._duration.record(
-                max(0.0, time.monotonic() - context.started),
+                max(0.0, (context.decided or time.monotonic()) - context.started),
                 {**base, sc.SERVER_ADDRESS: context.facts.host},
             )
         self._replayed.record(verdict.replayed_events, base)

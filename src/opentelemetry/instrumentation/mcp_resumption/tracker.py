@@ -158,11 +158,13 @@ class Stream:
 
 @dataclass(frozen=True)
 class Step:
-    """What one observation produced: gaps newly found, and the verdict if
-    this observation decided it."""
+    """What one observation produced: gaps newly found, the verdict if this
+    observation decided it (at the first decisive fact), and the attempt's
+    one final verdict, every gap of the attempt in it, if it closed it."""
 
     gaps: tuple[Gap, ...] = ()
     verdict: Verdict | None = None
+    final: Verdict | None = None
 
 
 NOTHING = Step()  # what most observations produce; compared by identity
@@ -315,6 +317,7 @@ class Tracker:
             pending=pending,
             unconsumed_responses=unconsumed_responses,
             sent_by_session=session.sent_here,
+            watch=SEEN_WINDOW,
         )
 
     def cursor_session(self, server: str, last_event_id: str | None) -> str | None:
@@ -421,11 +424,13 @@ class Tracker:
     @staticmethod
     def _run(check: ResumeCheck, observe: Callable[[], list[Gap]]) -> Step:
         undecided = check.verdict is None
+        was_open = not check.closed
         gaps = observe()
         decided = check.verdict if undecided else None
-        if not gaps and decided is None:
+        final = check.final if was_open and check.closed else None
+        if not gaps and decided is None and final is None:
             return NOTHING
-        return Step(tuple(gaps), decided)
+        return Step(tuple(gaps), decided, final)
 
     def _settle(self, stream: Stream) -> None:
         """Fold a ``taken`` mark into the stream's consumed state."""
