@@ -275,3 +275,41 @@ def test_a_gap_found_after_the_verdict_makes_the_attempt_a_gap(
     assert [event.attributes["mcp.resumption.gap.kind"] for event in span.events] == [
         "orphaned_request"
     ]
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
+@pytest.mark.parametrize("in_flight", [True, False], ids=["in-flight", "nothing-pending"])
+def test_the_same_rejection_gives_the_same_outcome_each_time(
+    server, instrumented, telemetry, library, in_flight
+):
+    """A restarted server answers both of the SDK's reconnects 404: with a
+    request in flight that is one attempt whose request is orphaned (a gap),
+    not a gap and then a rejection; with nothing in flight, two rejections."""
+    path = f"/restarted-{library}-{in_flight}"
+    session = {"mcp-session-id": f"restarted-{library}-{in_flight}"}
+    first = [sse("1", _notice(1))] if in_flight else [sse("1", _notice(1)), sse("2", _result(4))]
+    server.on("POST", path, lambda request, body: (200, session, first))
+    server.on("GET", path, lambda request, body: (404, {"content-type": "application/json"}, []))
+
+    async def client() -> list[int]:
+        headers = {"accept": "application/json, text/event-stream", **session}
+        statuses = []
+        async with _http(library)(base_url=server.url) as http:
+            call = {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "x"}}
+            async with http.stream("POST", path, json=call, headers=headers) as response:
+                last = [event.id async for event in _events(library, response)][-1]
+            for _ in range(2):  # the SDKs' MAX_RECONNECTION_ATTEMPTS
+                retry = {**headers, "last-event-id": last}
+                async with http.stream("GET", path, headers=retry) as response:
+                    statuses.append(response.status_code)
+        return statuses
+
+    assert asyncio.run(client()) == [404, 404]
+    if in_flight:
+        _wait_for(lambda: telemetry.outcomes())
+        assert telemetry.outcomes() == {"gap": 1}
+        assert telemetry.gap_kinds() == {"orphaned_request": 1}
+        assert len(telemetry.resume_spans()) == 1
+    else:
+        assert telemetry.outcomes() == {"rejected": 2}
+        assert telemetry.gap_kinds() == {}

@@ -385,8 +385,7 @@ class ContinuityProcessor(SpanProcessor):
                 self.tracker.request_sent(facts.server, facts.legacy_session_id, facts.requests)
             if resume is None:
                 return None
-        if resume is not None and (300 <= status < 400 or (status < 300 and not event_stream)):
-            # Whatever its content type, a redirect is never the stream itself.
+        if resume is not None and self._is_hop(facts, status, event_stream):
             self._park(_Hop(facts, resume, status, response_session_id))
             return None
         return self._open(facts, resume, status, response_session_id, event_stream)
@@ -480,6 +479,19 @@ class ContinuityProcessor(SpanProcessor):
         )
 
     # ------------------------------------------------------ hops
+
+    def _is_hop(self, facts: RequestFacts, status: int, event_stream: bool) -> bool:
+        if 300 <= status < 400:
+            return True  # whatever its content type, a redirect is never the stream itself
+        if status < 300:
+            return not event_stream
+        # A rejection: the MCP SDKs retry it.  Where it would orphan requests,
+        # the answer that ends the retries decides, so that the same answer
+        # gives the same outcome each time; with nothing in flight it is
+        # `rejected` at once.
+        return self.tracker.awaits_answers(
+            facts.server, facts.last_event_id or "", facts.session_id
+        )
 
     def _park(self, hop: _Hop) -> None:
         key = (hop.facts.server, hop.facts.last_event_id or "")

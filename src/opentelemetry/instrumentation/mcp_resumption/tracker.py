@@ -330,6 +330,22 @@ class Tracker:
             owner = self._cursor_owner(server, cursor, None)
             return owner.session.session_id if owner is not None else None
 
+    def awaits_answers(self, server: str, last_event_id: str, session_id: str | None) -> bool:
+        """Whether resuming this cursor would settle requests still in flight
+        (whose answers a rejected resume would orphan)."""
+        cursor = _bounded(last_event_id) or None
+        if cursor is None:
+            return False
+        with self._lock:
+            self._flush()
+            owner = self._cursor_owner(server, cursor, session_id)
+            if owner is None:
+                return False
+            if owner.unconsumed_responses:
+                return True
+            pending = owner.session.pending or {}
+            return any(lineage in (None, owner.lineage) for _, lineage in pending.values())
+
     def bind_session(self, stream: Stream, session_id: str) -> None:
         """The legacy transport names its session in the ``endpoint`` event."""
         with self._lock:
