@@ -117,13 +117,18 @@ class ResumeStart:
     started: float
 
 
+_HopKey = tuple[str, str, "str | None"]  # server, Last-Event-ID, Mcp-Session-Id
+
+
 @dataclass
 class _Hop:
     """A resume answered without a stream the client may still follow: a 3xx
     (the MCP SDKs follow same-origin redirects themselves, one request per
-    hop) or a 2xx that is not an event stream (mcp 2.x retries it).  Part of
-    the attempt, not a verdict: the next request with the same cursor
-    continues the attempt, and only if none comes is this answer judged."""
+    hop), a 2xx that is not an event stream (mcp 2.x retries it), or a
+    rejection that would orphan requests (both SDKs retry it).  Part of the
+    attempt, not a verdict: the next request with the same cursor and session
+    continues the attempt, and only if none comes is this answer judged.
+    Parked at most a confirmation window, so the parked set stays small."""
 
     facts: RequestFacts
     resume: ResumeStart
@@ -134,7 +139,7 @@ class _Hop:
 
 # Hops parked by the reconnect loop of the running task (the MCP SDK patch
 # sets a list): when that loop returns, the client has stopped following them.
-hop_scope: contextvars.ContextVar[list[tuple[str, str]] | None] = contextvars.ContextVar(
+hop_scope: contextvars.ContextVar[list[_HopKey] | None] = contextvars.ContextVar(
     "mcp_resumption_hop_scope", default=None
 )
 
@@ -282,7 +287,7 @@ class ContinuityProcessor(SpanProcessor):
         self._hash_key = os.urandom(32)
         self._session_hashes: dict[str, str] = {}
         self._deadlines = _Deadlines()
-        self._hops: dict[tuple[str, str], _Hop] = {}
+        self._hops: dict[_HopKey, _Hop] = {}
         self._hops_lock = threading.Lock()
 
     # ------------------------------------------------------ SpanProcessor
@@ -357,7 +362,7 @@ class ContinuityProcessor(SpanProcessor):
         ``attributes``: ``request_attributes(facts)`` if the caller has them."""
         if facts.last_event_id is None:
             return None
-        hop = self._unpark((facts.server, facts.last_event_id))
+        hop = self._unpark((facts.server, facts.last_event_id, facts.session_id))
         if hop is not None:
             return hop.resume  # the next hop of the same attempt
         if attributes is None:
@@ -494,7 +499,7 @@ class ContinuityProcessor(SpanProcessor):
         )
 
     def _park(self, hop: _Hop) -> None:
-        key = (hop.facts.server, hop.facts.last_event_id or "")
+        key = (hop.facts.server, hop.facts.last_event_id or "", hop.facts.session_id)
         with self._hops_lock:
             replaced = self._hops.pop(key, None)
             self._hops[key] = hop
@@ -506,14 +511,14 @@ class ContinuityProcessor(SpanProcessor):
         if scope is not None:
             scope.append(key)
 
-    def _unpark(self, key: tuple[str, str]) -> _Hop | None:
+    def _unpark(self, key: _HopKey) -> _Hop | None:
         with self._hops_lock:
             hop = self._hops.pop(key, None)
         if hop is not None:
             self._deadlines.cancel(hop.deadline)
         return hop
 
-    def settle(self, key: tuple[str, str]) -> None:
+    def settle(self, key: _HopKey) -> None:
         """No request followed the hop parked under ``key``: judge its answer."""
         hop = self._unpark(key)
         if hop is not None:

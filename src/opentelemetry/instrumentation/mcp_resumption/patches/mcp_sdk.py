@@ -74,7 +74,7 @@ async def _reconnect(wrapped, instance, args, kwargs):
     if raised is not None:
         return await wrapped(*args, **kwargs)
     token = enforced_errors.set([])
-    hops: list[tuple[str, str]] = []
+    hops: list = []  # keys of the hops parked inside this loop
     hops_token = hop_scope.set(hops)
     try:
         return await wrapped(*args, **kwargs)
