@@ -583,3 +583,23 @@ def test_threads_share_one_tracker(max_streams):
     assert len(t) <= max_streams
     assert t.session_count <= max_streams
     assert t.evicted_streams == 2 * threads * rounds - len(t)
+
+
+def test_a_long_resumed_stream_closes_its_attempt_after_the_seen_window():
+    """Nothing pending and the verdict given: the attempt is counted once the
+    seen window has passed (no earlier id is left to reuse), not only when a
+    long-lived stream ends hours later."""
+    from opentelemetry.instrumentation.mcp_resumption.tracker import SEEN_WINDOW
+
+    t = Tracker()
+    break_stream(t, seed_000_ids())
+    resumed = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="4821")
+    t.response(resumed, 200, "s-1")
+    finals = []
+    for n in range(4822, 4822 + SEEN_WINDOW + 1):
+        t.event_consumed(resumed)
+        step = t.event_received(resumed, str(n), notification(n))
+        if step.final is not None:
+            finals.append((n, step.final.outcome.value))
+    assert finals == [(4822 + SEEN_WINDOW, "resumed")]
+    assert t.stream_ended(resumed, "eof").final is None  # closed once, not again

@@ -422,7 +422,6 @@ class ResumeCheck:
         if self.verdict is None:
             found.extend(self._first_event(event))
         else:
-            self._after_verdict += 1
             found.extend(self._later_event(event))
         return found
 
@@ -430,13 +429,20 @@ class ResumeCheck:
         """Whether an event can still decide or show anything: every event
         before the verdict; after it, only a response (answered, or foreign)
         or an id this session saw with other data.  Lets the caller skip
-        building the event for the rest of a long resumed stream."""
+        building the event for the rest of a long resumed stream.  Counts
+        the events after the verdict, and says yes to the one that lets the
+        attempt close (see ``watch``)."""
         if self._ended or self._replaced or self.closed:
             return False
-        if self.verdict is None or has_responses:
+        if self.verdict is None:
+            return True
+        self._after_verdict += 1
+        if has_responses:
             return True
         previous = self._seen.get(event_id) if event_id is not None else None
-        return previous is not None and previous != digest
+        if previous is not None and previous != digest:
+            return True
+        return not self._pending and self._after_verdict >= self._watch
 
     def on_end(self, reason: str, *, closed_by_client: bool = False) -> list[Gap]:
         """The stream ended (``reason`` says how) or the client closed it."""
