@@ -179,11 +179,15 @@ def test_gap_logs_are_rate_limited_and_every_gap_is_counted(telemetry):
     """20,000 answers to ids the session never sent: 20,000 foreign_replay gaps
     counted, a handful of log records (each used to copy the server's id)."""
     from opentelemetry.instrumentation.mcp_resumption import ContinuityProcessor
+    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
     from opentelemetry.instrumentation.mcp_resumption.processor import RequestFacts
 
     processor = ContinuityProcessor(**telemetry.providers())
     server, host, session = "127.0.0.1:9", "127.0.0.1", "flood-session-1"
-    facts = RequestFacts("GET", server, host, session_id=session)
+    # A tools/call whose answer is still to come keeps the resumed attempt
+    # looking at every event (with nothing pending it stops after a window).
+    call = '{"jsonrpc": "2.0", "id": 1, "method": "tools/call"}'
+    facts = RequestFacts("POST", server, host, session_id=session, requests=requests_in(call))
     context = processor.end_request(facts, processor.begin_request(facts), 200, session, True)
     for k in (1, 2, 3):
         processor.event(context, "message", str(k), note(k))
@@ -197,7 +201,7 @@ def test_gap_logs_are_rate_limited_and_every_gap_is_counted(telemetry):
         processor.event(context, "message", str(5 + k), answer)
     processor.ended(context, "the stream ended")
     processor.shutdown()
-    assert telemetry.gap_kinds() == {"foreign_replay": 20_000}
+    assert telemetry.gap_kinds().get("foreign_replay") == 20_000
     assert 1 <= len(telemetry.gap_logs()) <= 12
 
 

@@ -284,6 +284,11 @@ def run(s: Scenario) -> tuple[set[str], list[str]]:
     kinds = {gap.kind.value for step in steps for gap in step.gaps}
     verdicts = [step.verdict for step in steps if step.verdict is not None]
     kinds |= {gap.kind.value for verdict in verdicts for gap in verdict.gaps}
+    finals = [step.final for step in steps if step.final is not None]
+    # One attempt, one final verdict, and it carries every gap of the attempt.
+    assert len(finals) == 1, finals
+    assert {gap.kind.value for gap in finals[0].gaps} == kinds
+    assert (finals[0].outcome.value == "gap") == bool(kinds)
     return kinds, [verdict.outcome.value for verdict in verdicts]
 
 
@@ -344,3 +349,72 @@ def test_the_oracle_on_seed_004():
 
 def test_the_oracle_on_an_opaque_verbatim_resend():
     assert expected(_opaque_inclusive_resend()) == (set(), "resumed")
+
+
+# ------------------------------------------- hops before the real answer
+
+# What a resume may be answered with before the answer that counts, each of
+# which the client follows or retries with the same Last-Event-ID: a
+# same-origin redirect (Starlette's Mount), a proxy's temporary non-SSE
+# answer (mcp 2.x retries it).
+HOPS = ((307, False), (308, False), (302, True), (200, False))
+
+
+def run_through_the_processor(s: Scenario, hops: list[tuple[int, bool]]):
+    """As ``run``, through the processor's own entry points as the patches
+    drive them, with ``hops`` answering the resume before its real answer."""
+    from conftest import Telemetry
+    from opentelemetry.instrumentation.mcp_resumption.processor import (
+        ContinuityProcessor,
+        RequestFacts,
+    )
+
+    telemetry = Telemetry()
+    processor = ContinuityProcessor(
+        **telemetry.providers(), replay_contract=s.contract.value, confirm_timeout=60
+    )
+    host = "mcp.example.com"
+    server = f"{host}:443"
+    requests = [r for rid in sorted(s.answers.values()) for r in requests_in(_request(rid))]
+    facts = RequestFacts("POST", server, host, session_id=SESSION, requests=requests)
+    context = processor.end_request(facts, None, 200, SESSION, True)
+    for event in s.events[: s.k + 1]:
+        processor.event(context, "message", event.event_id, event.data)
+    if s.consumed_k:
+        processor.asked_next(context)
+    processor.ended(context, "a read error (RemoteProtocolError)")
+
+    answered = FRESH_SESSION if s.behaviour == "fresh_session" else SESSION
+    resume_facts = RequestFacts(
+        "GET", server, host, last_event_id=s.cursor, session_id=SESSION,
+        protocol_version="2025-11-25",
+    )
+    for status, claims_sse in hops:
+        resume = processor.begin_request(resume_facts)
+        assert processor.end_request(resume_facts, resume, status, None, claims_sse) is None
+    resume = processor.begin_request(resume_facts)
+    context = processor.end_request(resume_facts, resume, 200, answered, True)
+    for event in s.replay:
+        processor.event(context, "message", event.event_id, event.data)
+    processor.asked_next(context)
+    processor.ended(context, "the stream ended")
+    processor.lineage_ended(context, "the client stopped resuming")  # as run() does
+    processor.shutdown()
+    return telemetry
+
+
+@settings(max_examples=120, derandomize=True, deadline=None)
+@given(
+    scenarios().filter(lambda s: not s.legacy),
+    st.lists(st.sampled_from(HOPS), max_size=3),
+)
+def test_hops_before_the_answer_leave_one_attempt_and_its_gaps(s: Scenario, hops):
+    want, want_outcome = expected(s)
+    telemetry = run_through_the_processor(s, hops)
+    assert set(telemetry.gap_kinds()) == want, (s.behaviour, s.scheme, hops)
+    outcomes = telemetry.outcomes()
+    assert sum(outcomes.values()) == 1, outcomes  # the hops are part of the attempt
+    assert list(outcomes) == ["gap" if want else want_outcome]
+    (span,) = telemetry.resume_spans()
+    assert span.attributes["http.response.status_code"] == 200
+

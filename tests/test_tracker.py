@@ -90,6 +90,13 @@ class Run:
     def outcome(self) -> str | None:
         return self.verdict.outcome.value if self.verdict else None
 
+    @property
+    def final_outcome(self) -> str | None:
+        """The attempt's one outcome, given when it closed (at most once)."""
+        finals = [step.final for step in self.steps if step.final is not None]
+        assert len(finals) <= 1, finals
+        return finals[0].outcome.value if finals else None
+
 
 def break_stream(
     t: Tracker,
@@ -284,6 +291,7 @@ def test_id_reused_later_in_the_replay():
     run = resume(t, "4821", replay)
     assert run.outcome == "resumed"  # decided at the first event
     assert run.kinds == {"id_reused"}
+    assert run.final_outcome == "gap"  # the attempt had a gap: never counted resumed
 
 
 def test_seed_004_drain_race_loses_the_tools_call_result():
@@ -378,6 +386,7 @@ def test_pending_request_the_replay_never_answers_is_orphaned():
     break_stream(t, seed_000_ids(), posted=[tools_call(7)])
     run = resume(t, "4821", [("4822", notification(5))])
     assert run.outcome == "resumed"  # decided at the first event, before the end
+    assert run.final_outcome == "gap"  # the attempt had a gap: never counted resumed
     assert run.kinds == {"orphaned_request"}
 
 
@@ -688,3 +697,23 @@ def test_empty_poll_the_server_ends_at_once_is_replay_unconfirmed():
     t.response(poll, 200, "s-1")
     ended = t.stream_ended(poll, "the stream ended", clean=True, held_open=False)
     assert {g.kind.value for g in ended.gaps} == {"replay_unconfirmed"}
+
+
+def test_a_long_resumed_stream_closes_its_attempt_after_the_seen_window():
+    """Nothing pending and the verdict given: the attempt is counted once the
+    seen window has passed (no earlier id is left to reuse), not only when a
+    long-lived stream ends hours later."""
+    from opentelemetry.instrumentation.mcp_resumption.tracker import SEEN_WINDOW
+
+    t = Tracker()
+    break_stream(t, seed_000_ids())
+    resumed = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="4821")
+    t.response(resumed, 200, "s-1")
+    finals = []
+    for n in range(4822, 4822 + SEEN_WINDOW + 1):
+        t.event_consumed(resumed)
+        step = t.event_received(resumed, str(n), notification(n))
+        if step.final is not None:
+            finals.append((n, step.final.outcome.value))
+    assert finals == [(4822 + SEEN_WINDOW, "resumed")]
+    assert t.stream_ended(resumed, "eof").final is None  # closed once, not again

@@ -370,10 +370,15 @@ class ResumeCheck:
     """Runs the rules over one resume attempt, fed in the order things happen.
 
     Not thread-safe on its own: the tracker calls it under its lock.  Every
-    ``on_*`` method returns the gaps it newly found; :attr:`verdict` is set
-    once, at the first decisive fact, and gaps found later on the same stream
-    (a reused id, a foreign response, an orphan seen at the stream's end) are
-    returned as they are found.
+    ``on_*`` method returns the gaps it newly found.  :attr:`verdict` is set
+    at the first decisive fact (what enforce mode acts on); gaps found later
+    on the same stream (a reused id, a foreign response, an orphan seen at
+    the stream's end) are returned as they are found.  The attempt is
+    :attr:`closed` once nothing it still waits for can show a gap: the stream
+    ended, or its pending requests are answered and ``watch`` more events
+    passed; :attr:`final` is
+    then its one verdict, every gap included, and the check stops looking:
+    an attempt with a gap is never ``resumed``.
     """
 
     def __init__(
@@ -386,8 +391,14 @@ class ResumeCheck:
         unconsumed_responses: Mapping[str, tuple[str, EventId | None]] | None = None,
         sent_by_session: Callable[[str], bool] | None = None,
         poll: bool = False,
+        watch: int = 32,
     ) -> None:
         self.cursor = cursor
+        # Events the check keeps looking at after its verdict, for a reused id
+        # or a foreign response, once nothing is pending: as many as the seen
+        # window it compares with holds, after which no earlier id is left.
+        self._watch = watch
+        self._after_verdict = 0
         self.contract = contract
         # The server closed the stream this resumes on purpose: silence is
         # not evidence, so the confirmation window does not apply.
@@ -402,6 +413,11 @@ class ResumeCheck:
         self._sent_by_session = sent_by_session
         self.response_session_id: str | None = None
         self.verdict: Verdict | None = None
+        self.final: Verdict | None = None
+        # Requests were handed to the lineage at the stream's end: the attempt
+        # closes when the lineage goes on or ends (``lineage_over``).
+        self.held = False
+        self.closed = False
         self.gaps: list[Gap] = []
         self.delivered = 0
         self.first_event_id: str | None = None
@@ -421,7 +437,7 @@ class ResumeCheck:
         return []
 
     def on_event(self, event: ObservedEvent) -> list[Gap]:
-        if self._ended:
+        if self._ended or self.closed:
             return []
         self.delivered += 1
         found: list[Gap] = []
@@ -435,13 +451,20 @@ class ResumeCheck:
         """Whether an event can still decide or show anything: every event
         before the verdict; after it, only a response (answered, or foreign)
         or an id this session saw with other data.  Lets the caller skip
-        building the event for the rest of a long resumed stream."""
-        if self._ended or self._replaced:
+        building the event for the rest of a long resumed stream.  Counts
+        the events after the verdict, and says yes to the one that lets the
+        attempt close (see ``watch``)."""
+        if self._ended or self._replaced or self.closed:
             return False
-        if self.verdict is None or has_responses:
+        if self.verdict is None:
+            return True
+        self._after_verdict += 1
+        if has_responses:
             return True
         previous = self._seen.get(event_id) if event_id is not None else None
-        return previous is not None and previous != digest
+        if previous is not None and previous != digest:
+            return True
+        return not self._pending and self._after_verdict >= self._watch
 
     def on_end(
         self, reason: str, *, closed_by_client: bool = False, server_closed: bool = False
@@ -458,6 +481,8 @@ class ResumeCheck:
         if self._ended:
             return []
         self._ended = True
+        if self.closed:
+            return []
         found: list[Gap] = []
         if self.verdict is None:
             if closed_by_client and self._session_changed is not None and not self.delivered:
@@ -474,17 +499,30 @@ class ResumeCheck:
                     found.append(unconfirmed)
             self._decide(Outcome.UNVERIFIABLE, found)
             return found
+        self._close()
         return found
 
     def release(self) -> dict[str, str]:
         """The requests still pending when the stream ended (request id ->
         method), handed back to the lineage: answered by a later resume, or
-        orphaned when the lineage ends."""
+        orphaned when the lineage ends.  The attempt stays open until then
+        (:meth:`lineage_over`): an orphan is this attempt's gap."""
         if self._replaced:
             return {}
         held = {rid: entry.method for rid, entry in self._pending.items()}
         self._pending.clear()
+        self.held = bool(held)
+        self._close()
         return held
+
+    def lineage_over(self, orphans: Iterable[Gap] = ()) -> None:
+        """The lineage this attempt handed its requests to went on (a later
+        resume holds them now) or ended, with ``orphans`` lost."""
+        if not self.held:
+            return
+        self.held = False
+        self.gaps.extend(orphans)
+        self._close()
 
     def on_timeout(self, seconds: float) -> list[Gap]:
         """The confirmation window passed with the stream still open.  On a
@@ -552,6 +590,7 @@ class ResumeCheck:
 
     def _later_event(self, event: ObservedEvent) -> list[Gap]:
         if self._replaced:
+            self._close()
             return []
         found: list[Gap] = []
         reused = id_reused_rule(self._seen, event)
@@ -559,6 +598,7 @@ class ResumeCheck:
             found.append(reused)
         found.extend(self._responses(event))
         self.gaps.extend(found)
+        self._close()
         return found
 
     def _settle_unconsumed(self, first: ObservedEvent) -> list[Gap]:
@@ -604,6 +644,26 @@ class ResumeCheck:
         if self.gaps:
             outcome = Outcome.GAP
         self.verdict = Verdict(outcome, tuple(self.gaps), self.first_event_id, self.delivered)
+        self._close()
+
+    def _close(self) -> None:
+        """Close the attempt once it is decided and waits for nothing more:
+        no pending request whose answer could still come (or fail to), or
+        the stream has ended."""
+        verdict = self.verdict
+        if self.closed or verdict is None or self.held:
+            return
+        if self._ended and self._pending and not self._replaced:
+            return  # about to be handed to the lineage (release)
+        if not (self._ended or self._replaced) and (
+            self._pending or self._after_verdict < self._watch
+        ):
+            return
+        self.closed = True
+        outcome = Outcome.GAP if self.gaps else verdict.outcome
+        self.final = Verdict(
+            outcome, tuple(self.gaps), verdict.first_event_id, verdict.replayed_events
+        )
 
 
 # ---------------------------------------------------- seed-compatible API

@@ -100,6 +100,7 @@ class StreamContext:
         "attributes",
         "counted_at",
         "deadline",
+        "decided",
         "error",
         "events_key",
         "facts",
@@ -119,6 +120,7 @@ class StreamContext:
         self.started = 0.0
         self.error: ResumptionGapError | None = None
         self.deadline: list | None = None
+        self.decided = 0.0  # when the verdict was given (the attempt may close later)
         # Events read but not yet added to the totals, and when they last were.
         self.uncounted = 0
         self.counted_at = time.monotonic()
@@ -131,6 +133,33 @@ class ResumeStart:
 
     span: Any
     started: float
+
+
+_HopKey = tuple[str, str, "str | None"]  # server, Last-Event-ID, Mcp-Session-Id
+
+
+@dataclass
+class _Hop:
+    """A resume answered without a stream the client may still follow: a 3xx
+    (the MCP SDKs follow same-origin redirects themselves, one request per
+    hop), a 2xx that is not an event stream (mcp 2.x retries it), or a
+    rejection that would orphan requests (both SDKs retry it).  Part of the
+    attempt, not a verdict: the next request with the same cursor and session
+    continues the attempt, and only if none comes is this answer judged.
+    Parked at most a confirmation window, so the parked set stays small."""
+
+    facts: RequestFacts
+    resume: ResumeStart
+    status: int
+    session_id: str | None
+    deadline: list | None = None
+
+
+# Hops parked by the reconnect loop of the running task (the MCP SDK patch
+# sets a list): when that loop returns, the client has stopped following them.
+hop_scope: contextvars.ContextVar[list[_HopKey] | None] = contextvars.ContextVar(
+    "mcp_resumption_hop_scope", default=None
+)
 
 
 class _Deadlines:
@@ -351,9 +380,13 @@ class ContinuityProcessor(SpanProcessor):
         self._session_hashes: dict[str, str] = {}
         self._deadlines = _Deadlines()
         self._log_budget = _LogBudget()
+        # stream key -> context of an ended attempt still open for its lineage
+        self._held: dict[int, StreamContext] = {}
         self._said_unattached = False
         self._deferred = Deferred()
         _reset_in_child.add(self._deferred)
+        self._hops: dict[_HopKey, _Hop] = {}
+        self._hops_lock = threading.Lock()
 
     # ------------------------------------------------------ SpanProcessor
 
@@ -465,6 +498,9 @@ class ContinuityProcessor(SpanProcessor):
                 # while it handles the DELETE.
                 self.tracker.session_terminated(facts.server, facts.session_id)
             return None
+        hop = self._unpark((facts.server, facts.last_event_id, facts.session_id))
+        if hop is not None:
+            return hop.resume  # the next hop of the same attempt
         if attributes is None:
             attributes = self.request_attributes(facts)
         span = self._tracer.start_span(
@@ -492,6 +528,19 @@ class ContinuityProcessor(SpanProcessor):
                 self.tracker.request_sent(facts.server, facts.legacy_session_id, facts.requests)
             if resume is None:
                 return None
+        if resume is not None and self._is_hop(facts, status, event_stream):
+            self._park(_Hop(facts, resume, status, response_session_id))
+            return None
+        return self._open(facts, resume, status, response_session_id, event_stream)
+
+    def _open(
+        self,
+        facts: RequestFacts,
+        resume: ResumeStart | None,
+        status: int,
+        response_session_id: str | None,
+        event_stream: bool,
+    ) -> StreamContext | None:
         transport = self._transport(facts, response_session_id)
         session_id = response_session_id or facts.session_id
         if facts.requests and event_stream:
@@ -506,6 +555,13 @@ class ContinuityProcessor(SpanProcessor):
         )
         self._report_evictions()  # admitting a stream is what evicts one
         self._deferred.start()  # its iterator may be finalised by the GC
+        # This resume took over the requests that earlier attempts handed to
+        # the lineage: those attempts are over, with the gaps they had.
+        continued, stream.continued = stream.continued, ()
+        for earlier in continued:
+            held = self._held.pop(earlier.key, None)
+            if held is not None and earlier.check is not None:
+                self._apply(held, Step(final=earlier.check.final))
         context = StreamContext(facts, stream, transport)
         if resume is None:
             return context
@@ -524,7 +580,8 @@ class ContinuityProcessor(SpanProcessor):
                 resume.span.set_attribute(sc.MCP_SESSION_ID, current)
         self._apply(context, self.tracker.response(stream, status, response_session_id))
         if not event_stream:
-            self._apply(context, self.tracker.stream_ended(stream, "a response without events"))
+            why = "a redirect not followed" if 300 <= status < 400 else "a response without events"
+            self._settle_end(context, self.tracker.stream_ended(stream, why))
             return None
         if stream.check is not None and stream.check.verdict is None and not stream.check.poll:
             # A poll waits for its first event or its end: silence is the
@@ -631,19 +688,72 @@ class ContinuityProcessor(SpanProcessor):
             context.stream, reason, closed_by_client=closed_by_client, clean=clean,
             held_open=held_open,
         )
+        self._settle_end(context, step)
+
+    def _settle_end(self, context: StreamContext, step: Step) -> None:
+        """Apply what a stream's end found.  Requests still pending go on with
+        the lineage: a client that does not resume it within the retry it was
+        asked for and the confirmation window has stopped resuming them, and
+        they are orphaned then (the ended attempt closes with them)."""
         self._apply(context, step)
         if step.held:
-            # Requests still pending go on with the lineage.  A client that
-            # does not resume it within the retry it was asked for and the
-            # confirmation window has stopped resuming them: orphaned then.
+            self._held[context.stream.key] = context
             retry = context.stream.retry_ms
             grace = (retry / 1000 if retry is not None else DEFAULT_RETRY_SECONDS) + (
                 self.settings.confirm_timeout
             )
             why = f"the client did not resume the stream within {grace:g} s"
-            self._deadlines.add(
-                grace, lambda: self._apply(context, self.tracker.lineage_ended(context.stream, why))
-            )
+            self._deadlines.add(grace, lambda: self.lineage_ended(context, why))
+
+    def lineage_ended(self, context: StreamContext, why: str) -> None:
+        """The client stopped resuming the lineage of ``context``'s stream:
+        what it still held is orphaned (called when its grace has passed)."""
+        self._held.pop(context.stream.key, None)
+        self._apply(context, self.tracker.lineage_ended(context.stream, why))
+
+    # ------------------------------------------------------ hops
+
+    def _is_hop(self, facts: RequestFacts, status: int, event_stream: bool) -> bool:
+        if 300 <= status < 400:
+            return True  # whatever its content type, a redirect is never the stream itself
+        if status < 300:
+            return not event_stream
+        # A rejection: the MCP SDKs retry it.  Where it would orphan requests,
+        # the answer that ends the retries decides, so that the same answer
+        # gives the same outcome each time; with nothing in flight it is
+        # `rejected` at once.
+        return self.tracker.awaits_answers(
+            facts.server, facts.last_event_id or "", facts.session_id
+        )
+
+    def _park(self, hop: _Hop) -> None:
+        key = (hop.facts.server, hop.facts.last_event_id or "", hop.facts.session_id)
+        with self._hops_lock:
+            replaced = self._hops.pop(key, None)
+            self._hops[key] = hop
+        if replaced is not None:  # another attempt with the same cursor: judge that one now
+            self._deadlines.cancel(replaced.deadline)
+            self._judge(replaced)
+        hop.deadline = self._deadlines.add(self.settings.confirm_timeout, lambda: self.settle(key))
+        scope = hop_scope.get()
+        if scope is not None:
+            scope.append(key)
+
+    def _unpark(self, key: _HopKey) -> _Hop | None:
+        with self._hops_lock:
+            hop = self._hops.pop(key, None)
+        if hop is not None:
+            self._deadlines.cancel(hop.deadline)
+        return hop
+
+    def settle(self, key: _HopKey) -> None:
+        """No request followed the hop parked under ``key``: judge its answer."""
+        hop = self._unpark(key)
+        if hop is not None:
+            self._judge(hop)
+
+    def _judge(self, hop: _Hop) -> None:
+        self._open(hop.facts, hop.resume, hop.status, hop.session_id, False)
 
     # ------------------------------------------------------ telemetry out
 
@@ -658,14 +768,17 @@ class ContinuityProcessor(SpanProcessor):
         self._apply(context, self.tracker.timeout(context.stream, seconds))
 
     def _apply(self, context: StreamContext, step: Step) -> None:
-        if step.verdict is None and not step.gaps:
+        if step is NOTHING:
             return
         check = context.stream.check
         for gap in step.gaps:
             self._emit_gap(context, gap)
         if step.verdict is not None:
             self._deadlines.cancel(context.deadline)
-            self._finish(context, step.verdict, check.cursor.transport if check else None)
+            context.decided = time.monotonic()
+        if step.final is not None:
+            # The attempt is over: one outcome, with every gap it had.
+            self._finish(context, step.final, check.cursor.transport if check else None)
         if step.gaps and self.settings.enforce and context.error is None:
             context.error = enforcement_error(step.gaps)
 
@@ -713,7 +826,8 @@ class ContinuityProcessor(SpanProcessor):
         )
         if context.started:
             self._duration.record(
-                max(0.0, time.monotonic() - context.started), {**base, **server}
+                max(0.0, (context.decided or time.monotonic()) - context.started),
+                {**base, **server},
             )
         self._replayed.record(verdict.replayed_events, base)
         span = context.span

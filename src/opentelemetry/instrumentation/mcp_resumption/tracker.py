@@ -166,6 +166,7 @@ class Stream:
     __slots__ = (
         "carries",
         "check",
+        "continued",
         "dirty",
         "ended",
         "indexed",
@@ -195,6 +196,7 @@ class Stream:
         self.taken = False
         self.unconsumed_responses: tuple[str, ...] = ()
         self.check: ResumeCheck | None = None
+        self.continued: tuple[Stream, ...] = ()
         self.carries: tuple[str, ...] = ()
         self.ended = False
         # Polling (2025-11-25): the lineage carried a priming event (an id and
@@ -213,8 +215,9 @@ class Stream:
 
 @dataclass(frozen=True)
 class Step:
-    """What one observation produced: gaps newly found, and the verdict if
-    this observation decided it."""
+    """What one observation produced: gaps newly found, the verdict if this
+    observation decided it (at the first decisive fact), and the attempt's
+    one final verdict, every gap of the attempt in it, if it closed it."""
 
     gaps: tuple[Gap, ...] = ()
     verdict: Verdict | None = None
@@ -222,6 +225,7 @@ class Step:
     # lineage: the caller ends the lineage (``Tracker.lineage_ended``) if the
     # client does not resume it.
     held: bool = False
+    final: Verdict | None = None
 
 
 NOTHING = Step()  # what most observations produce; compared by identity
@@ -347,6 +351,14 @@ class Tracker:
         self._settle(previous)
         previous.ended = True
         previous.resumed_again = True
+        # Attempts of this lineage that ended holding its requests are over:
+        # this one takes the requests over.  The caller reports them.
+        continued = [previous] if previous.check is not None and previous.check.held else []
+        for holder_key in set((previous.session.holders or {}).values()):
+            holder = self._streams.get(holder_key)
+            if holder is not None and holder is not previous and holder.lineage == previous.lineage:
+                continued.append(holder)
+        stream.continued = tuple(h for h in continued if self._lineage_over(h, []) is not None)
         stream.lineage = previous.lineage
         stream.primed = previous.primed
         stream.retry_ms = previous.retry_ms
@@ -378,6 +390,7 @@ class Tracker:
             unconsumed_responses=unconsumed_responses,
             sent_by_session=session.sent_here,
             poll=previous.server_closed,
+            watch=SEEN_WINDOW,
         )
 
     def cursor_session(self, server: str, last_event_id: str | None) -> str | None:
@@ -389,6 +402,22 @@ class Tracker:
             self._flush()
             owner = self._cursor_owner(server, cursor, None)
             return owner.session.session_id if owner is not None else None
+
+    def awaits_answers(self, server: str, last_event_id: str, session_id: str | None) -> bool:
+        """Whether resuming this cursor would settle requests still in flight
+        (whose answers a rejected resume would orphan)."""
+        cursor = bounded_id(last_event_id) or None
+        if cursor is None:
+            return False
+        with self._lock:
+            self._flush()
+            owner = self._cursor_owner(server, cursor, session_id)
+            if owner is None:
+                return False
+            if owner.unconsumed_responses:
+                return True
+            pending = owner.session.pending or {}
+            return any(lineage in (None, owner.lineage) for _, lineage in pending.values())
 
     def bind_session(self, stream: Stream, session_id: str) -> None:
         """The legacy transport names its session in the ``endpoint`` event."""
@@ -499,6 +528,7 @@ class Tracker:
             if stream.check is None:
                 return NOTHING
             check = stream.check
+            was_open = not check.closed
             step = self._run(
                 check,
                 lambda: check.on_end(
@@ -508,17 +538,19 @@ class Tracker:
                 ),
             )
             held = check.release()
-            if not held:
-                return step
-            session = stream.session
-            if session.pending is None:
-                session.pending = {}
-            if session.holders is None:
-                session.holders = {}
-            for key, method in held.items():
-                session.pending[key] = (method, stream.lineage)
-                session.holders[key] = stream.key
-            return Step(step.gaps, step.verdict, held=True)
+            final = check.final if was_open and check.closed else None
+            if held:
+                session = stream.session
+                if session.pending is None:
+                    session.pending = {}
+                if session.holders is None:
+                    session.holders = {}
+                for key, method in held.items():
+                    session.pending[key] = (method, stream.lineage)
+                    session.holders[key] = stream.key
+            if step is NOTHING and final is None and not held:
+                return NOTHING
+            return Step(step.gaps, step.verdict, held=bool(held), final=final)
 
     def lineage_ended(self, stream: Stream, why: str) -> Step:
         """The client did not resume ``stream`` (a resumed stream that ended
@@ -542,7 +574,20 @@ class Tracker:
                 session.pending = None
             if not holders:
                 session.holders = None
-            return Step(tuple(gaps)) if gaps else NOTHING
+            final = self._lineage_over(stream, gaps)
+            if not gaps and final is None:
+                return NOTHING
+            return Step(tuple(gaps), final=final)
+
+    @staticmethod
+    def _lineage_over(stream: Stream, orphans: list[Gap]) -> Verdict | None:
+        """Close the attempt of ``stream`` that held its lineage's requests;
+        its final verdict, if this closed it."""
+        check = stream.check
+        if check is None or not check.held:
+            return None
+        check.lineage_over(orphans)
+        return check.final
 
     def timeout(self, stream: Stream, seconds: float) -> Step:
         with self._lock:
@@ -556,11 +601,13 @@ class Tracker:
     @staticmethod
     def _run(check: ResumeCheck, observe: Callable[[], list[Gap]]) -> Step:
         undecided = check.verdict is None
+        was_open = not check.closed
         gaps = observe()
         decided = check.verdict if undecided else None
-        if not gaps and decided is None:
+        final = check.final if was_open and check.closed else None
+        if not gaps and decided is None and final is None:
             return NOTHING
-        return Step(tuple(gaps), decided)
+        return Step(tuple(gaps), decided, final=final)
 
     def _settle(self, stream: Stream) -> None:
         """Fold a ``taken`` mark into the stream's consumed state."""

@@ -11,6 +11,7 @@ the resume's ``mcp.resume`` span is that span's parent.
 from __future__ import annotations
 
 import contextvars
+import sys
 import weakref
 from contextlib import nullcontext
 from typing import Any
@@ -35,6 +36,11 @@ streams: weakref.WeakKeyDictionary[Any, StreamContext] = weakref.WeakKeyDictiona
 reading: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "mcp_resumption_reading", default=None
 )
+
+# The next request of a redirect the client follows itself (one ``send`` per
+# hop, as the MCP SDKs do) -> the JSON-RPC requests of the request it
+# redirects: the re-sent body is a stream ``request.content`` cannot give.
+_redirected: weakref.WeakKeyDictionary[Any, list[tuple[str, str]]] = weakref.WeakKeyDictionary()
 
 MAX_HEADER_LENGTH = 1024
 # server.port when the URL leaves it implicit (the conventions ask for the port
@@ -71,12 +77,7 @@ def request_facts(request: Any) -> RequestFacts | None:
     method = request.method
     requests: list[tuple[str, str]] = []
     if method == "POST":
-        try:
-            body = request.content
-        except Exception:  # a streaming body has not been read: not ours to read
-            body = None
-        if body and len(body) <= MAX_PARSED_BYTES:
-            requests = requests_in(body)
+        requests = _requests_of(request)
     host = url.host or ""
     return RequestFacts(
         method=method,
@@ -89,6 +90,24 @@ def request_facts(request: Any) -> RequestFacts | None:
         protocol_version=_header(headers, "mcp-protocol-version"),
         requests=requests,
     )
+
+
+def _requests_of(request: Any) -> list[tuple[str, str]]:
+    """The JSON-RPC requests of a POST, whatever its body type."""
+    try:
+        body = request.content
+    except Exception:  # a streamed body: the hop of a redirect, or the caller's stream
+        carried = _redirected.get(request)
+        if carried is not None:
+            return carried
+        # A bytes body re-sent as a stream can be read again without consuming
+        # anything; any other stream is the caller's to read, not ours.
+        body = getattr(getattr(request, "stream", None), "_stream", None)
+        if not isinstance(body, bytes):
+            return []
+    if body and len(body) <= MAX_PARSED_BYTES:
+        return requests_in(body)
+    return []
 
 
 def _prepare(args: tuple, kwargs: dict):
@@ -111,6 +130,9 @@ def _span_scope(resume: Any):
 
 
 def _observe_response(processor: Any, facts: RequestFacts, resume: Any, response: Any) -> None:
+    next_request = getattr(response, "next_request", None)
+    if next_request is not None and facts.requests:
+        _redirected[next_request] = facts.requests
     content_type = response.headers.get("content-type", "")
     context = processor.end_request(
         facts,
@@ -169,9 +191,17 @@ async def _async_send(wrapped, instance, args, kwargs):
     return response
 
 
-def _closed(response: Any) -> None:
+def _closed(response: Any, orderly: bool) -> None:
     context = streams.pop(response, None)
     if context is not None and active.processor is not None:
+        if orderly:
+            # The application closed the response itself, in its own time: it
+            # read what it wanted and is done with the last event it was
+            # handed (it may resume from that one).  A close while an error or
+            # a cancellation is on its way out (the handler of that event was
+            # cut short) and an iterator closed before the next event leave it
+            # unconsumed: the precondition of the drain race.
+            active.processor.asked_next(context)
         active.processor.ended(context, "closed by the application", closed_by_client=True)
 
 
@@ -181,13 +211,15 @@ def _close(wrapped, instance, args, kwargs):
     # A close from inside an observed read is httpx ending the body, not the
     # application: the iterator reports that end itself.
     if instance in streams and reading.get() != id(instance):
-        guarded("observing a closed response", _closed, instance)
+        orderly = sys.exc_info()[1] is None
+        guarded("observing a closed response", _closed, instance, orderly)
     return wrapped(*args, **kwargs)
 
 
 async def _aclose(wrapped, instance, args, kwargs):
     if instance in streams and reading.get() != id(instance):
-        guarded("observing a closed response", _closed, instance)
+        orderly = sys.exc_info()[1] is None
+        guarded("observing a closed response", _closed, instance, orderly)
     return await wrapped(*args, **kwargs)
 
 

@@ -11,6 +11,11 @@ and 1.x then leaves the caller of the pending request waiting for ever.  So
 once a gap error was raised on a request's stream, the next reconnect of that
 request is not attempted: the request is answered with a JSON-RPC error that
 carries the gap, and the caller's pending call fails with it.
+
+The reconnect loop is also where a resume's hops end: a redirect or a non-SSE
+answer that the SDK retries continues the same attempt, and when the
+outermost call returns, the client has stopped following them, so what is
+still parked is judged then rather than when the confirmation window passes.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from typing import Any
 from wrapt import wrap_function_wrapper
 
 from ..continuity import ResumptionGapError
-from . import enforced_errors, guarded
+from ..processor import hop_scope
+from . import active, enforced_errors, guarded
 
 MODULE = "mcp.client.streamable_http"
 TARGETS = ("_handle_reconnection", "_handle_resumption_request")
@@ -72,13 +78,20 @@ def _reconnect(wrapped, instance, args, kwargs):
 
 async def _outermost(wrapped, args, kwargs):
     token = enforced_errors.set([])
+    hops: list = []  # keys of the hops parked inside this loop
+    hops_token = hop_scope.set(hops)
     try:
         return await wrapped(*args, **kwargs)
     except ResumptionGapError as error:  # 2.x lets it out of an explicit resumption
         await _fail_request(args[0] if args else kwargs.get("ctx"), error)
         return None
     finally:
+        hop_scope.reset(hops_token)
         enforced_errors.reset(token)
+        processor = active.processor
+        if processor is not None:
+            for key in hops:
+                guarded("judging an unfollowed hop", processor.settle, key)
 
 
 def instrument(module: Any) -> list[tuple[Any, str]]:
