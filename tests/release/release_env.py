@@ -85,6 +85,7 @@ def totals(stdout: str, metric: str, attribute: str) -> dict[str, int]:
 
 
 def scope_counts(export: dict, metric: str, attribute: str) -> dict[str, int]:
+    """The non-zero counts of ``metric`` by ``attribute`` in one export."""
     counts: dict[str, int] = {}
     for resource in export["resource_metrics"]:
         for scope in resource["scope_metrics"]:
@@ -95,4 +96,6 @@ def scope_counts(export: dict, metric: str, attribute: str) -> dict[str, int]:
                     for point in item["data"]["data_points"]:
                         key = point["attributes"][attribute]
                         counts[key] = counts.get(key, 0) + int(point["value"])
-    return counts
+    # Every series of a server starts at 0 when it is first seen: what was
+    # counted is what is above it.
+    return {key: value for key, value in counts.items() if value}

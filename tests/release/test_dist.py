@@ -106,7 +106,7 @@ def metadata(dist) -> email.message.Message:
 def test_metadata_carries_urls_license_classifiers_and_readme(dist):
     meta = metadata(dist)
     urls = dict(value.split(", ", 1) for value in meta.get_all("Project-URL"))
-    assert set(urls) == {"Homepage", "Source", "Issues", "Changelog"}
+    assert set(urls) == {"Homepage", "Source", "Issues", "Changelog", "Runbook"}
     assert all(url.startswith("https://") for url in urls.values())
     assert meta["License-Expression"] == "Apache-2.0"
     assert meta.get_all("License-File") == ["LICENSE"]
