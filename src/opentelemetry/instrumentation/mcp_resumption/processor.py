@@ -160,6 +160,11 @@ class _Hop:
 hop_scope: contextvars.ContextVar[list[_HopKey] | None] = contextvars.ContextVar(
     "mcp_resumption_hop_scope", default=None
 )
+# Streams that ended holding their lineage's requests inside an MCP SDK
+# reconnect loop: when the loop returns, the client has stopped resuming them.
+lineage_scope: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "mcp_resumption_lineage_scope", default=None
+)
 
 
 class _Deadlines:
@@ -698,6 +703,9 @@ class ContinuityProcessor(SpanProcessor):
         self._apply(context, step)
         if step.held:
             self._held[context.stream.key] = context
+            scope = lineage_scope.get()
+            if scope is not None:
+                scope.append(context)
             retry = context.stream.retry_ms
             grace = (retry / 1000 if retry is not None else DEFAULT_RETRY_SECONDS) + (
                 self.settings.confirm_timeout

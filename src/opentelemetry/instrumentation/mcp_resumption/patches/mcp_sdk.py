@@ -25,7 +25,7 @@ from typing import Any
 from wrapt import wrap_function_wrapper
 
 from ..continuity import ResumptionGapError
-from ..processor import hop_scope
+from ..processor import hop_scope, lineage_scope
 from . import active, enforced_errors, guarded
 
 MODULE = "mcp.client.streamable_http"
@@ -80,6 +80,8 @@ async def _outermost(wrapped, args, kwargs):
     token = enforced_errors.set([])
     hops: list = []  # keys of the hops parked inside this loop
     hops_token = hop_scope.set(hops)
+    held: list = []  # streams of this request that ended holding it
+    held_token = lineage_scope.set(held)
     try:
         return await wrapped(*args, **kwargs)
     except ResumptionGapError as error:  # 2.x lets it out of an explicit resumption
@@ -87,11 +89,18 @@ async def _outermost(wrapped, args, kwargs):
         return None
     finally:
         hop_scope.reset(hops_token)
+        lineage_scope.reset(held_token)
         enforced_errors.reset(token)
         processor = active.processor
         if processor is not None:
             for key in hops:
                 guarded("judging an unfollowed hop", processor.settle, key)
+            # The SDK gave up on (or finished) this request: its lineage ends.
+            for context in held:
+                guarded(
+                    "ending a lineage", processor.lineage_ended, context,
+                    "the client stopped resuming it",
+                )
 
 
 def instrument(module: Any) -> list[tuple[Any, str]]:
