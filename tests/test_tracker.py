@@ -510,16 +510,18 @@ def test_memory_is_bounded_under_churn():
         stream = t.open_stream(SERVER, "streamable-http", session_id=session)
         opened += 1
         t.request_sent(SERVER, session, requests_in(tools_call(n)))
+        # Two ids: one alone does not show that the scheme counts.
         t.event_received(stream, f"{session}:e-1", notification(n))
+        t.event_received(stream, f"{session}:e-2", notification(n))
         t.event_consumed(stream)
         t.stream_ended(stream, "done")
         if n % 100 == 0:
             again = t.open_stream(
-                SERVER, "streamable-http", session_id=session, last_event_id=f"{session}:e-1"
+                SERVER, "streamable-http", session_id=session, last_event_id=f"{session}:e-2"
             )
             opened += 1
             t.response(again, 200, session)
-            step = t.event_received(again, f"{session}:e-2", result(n, 2))
+            step = t.event_received(again, f"{session}:e-3", result(n, 2))
             assert step.verdict is not None and step.verdict.outcome is Outcome.RESUMED
             t.stream_ended(again, "done")
         assert len(t) <= 1000

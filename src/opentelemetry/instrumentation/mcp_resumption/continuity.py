@@ -28,7 +28,6 @@ Definitions the rules share (they are the ground truth of the tests):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -93,11 +92,15 @@ class ResumeCursorRaceError(ResumptionGapError):
 # Longer ids are kept opaque: ordering them would cost more than it proves,
 # and int() refuses digit strings past 4300 characters anyway.
 MAX_ORDERED_ID_LENGTH = 128
-_COUNTER = re.compile(r"[0-9]{1,40}")
-# The prefix must carry a letter or digit and end in a separator, so that
-# "e-104", "s-77:e-104" and "abc_7" order but "-5" and " 5" stay opaque.
-_PREFIXED = re.compile(r"(.*[A-Za-z0-9].*[^A-Za-z0-9\s])([0-9]{1,40})", re.DOTALL)
-_UUID = re.compile(r"[0-9a-fA-F]{8}-?(?:[0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}")
+MAX_COUNTER_DIGITS = 40
+_DIGITS = "0123456789"
+_HEX = frozenset("0123456789abcdefABCDEF")
+_ASCII_ALNUM = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+# Digit counts of Unix time in s, ms, us and ns from 2001 to 2286 (a leading
+# "1"..."9"): a clock, not a counter.  Clocks tie (two events in one tick
+# share an id) and step back, so their order proves nothing.
+_EPOCH_DIGITS = (10, 13, 16, 19)
+_FRACTION_SEPARATORS = ".,"
 
 
 @dataclass(frozen=True)
@@ -118,18 +121,85 @@ class EventId:
         return self.raw
 
 
+def _is_uuid(raw: str) -> bool:
+    if len(raw) == 36:
+        if raw[8] != "-" or raw[13] != "-" or raw[18] != "-" or raw[23] != "-":
+            return False
+        raw = raw.replace("-", "")
+    return len(raw) == 32 and _HEX.issuperset(raw)
+
+
+def _is_clock(digits: str) -> bool:
+    return len(digits) in _EPOCH_DIGITS and digits[0] != "0"
+
+
 def parse_event_id(raw: str | None) -> EventId | None:
-    """Classify one id by its own shape; ``None`` for an absent or empty id."""
+    """Classify one id by its own shape; ``None`` for an absent or empty id.
+
+    Orders only where the shape leaves no doubt: a bare decimal integer, or
+    a prefix that holds an ASCII letter or digit and ends in a separator
+    (``-``, ``_``, ``:``, ``/``...), followed by a decimal counter.  Opaque:
+    UUIDs, a decimal fraction (``1733212345.45``: ``.45`` is not counter 45),
+    anything whose tail is not all decimal digits (hex, base36, ULIDs), a
+    Unix timestamp in s/ms/us/ns, and ids over ``MAX_ORDERED_ID_LENGTH``.
+
+    No regular expression: string methods and one scan of at most
+    ``MAX_ORDERED_ID_LENGTH`` characters, so every input costs about the same.
+    """
     if not raw or not isinstance(raw, str):
         return None
-    if len(raw) > MAX_ORDERED_ID_LENGTH or _UUID.fullmatch(raw):
+    if len(raw) > MAX_ORDERED_ID_LENGTH or not raw[-1] in _DIGITS or _is_uuid(raw):
         return EventId(raw)
-    if _COUNTER.fullmatch(raw):
-        return EventId(raw, "", int(raw))
-    match = _PREFIXED.fullmatch(raw)
-    if match:
-        return EventId(raw, match.group(1), int(match.group(2)))
-    return EventId(raw)
+    head = raw.rstrip(_DIGITS)
+    digits = raw[len(head) :]
+    if len(digits) > MAX_COUNTER_DIGITS or _is_clock(digits):
+        return EventId(raw)
+    if not head:
+        return EventId(raw, "", int(digits))
+    separator = head[-1]
+    if separator in _ASCII_ALNUM or separator.isspace():
+        return EventId(raw)  # "5e5", "e- 5": no separator right before the counter
+    if separator in _FRACTION_SEPARATORS and len(head) > 1 and head[-2] in _DIGITS:
+        return EventId(raw)  # a decimal fraction
+    if _ASCII_ALNUM.isdisjoint(head):
+        return EventId(raw)  # "-5", "é-5": a sign or a symbol, not a stream name
+    return EventId(raw, head, int(digits))
+
+
+# A scheme orders only once a session has shown it counting.
+MIN_COUNTING_IDS = 2
+
+
+def corroborated(cursor: EventId, history: Iterable[str]) -> EventId:
+    """``cursor`` with its ordering evidence kept only if ``history`` (the
+    ids its session received, oldest first) shows the scheme counting: at
+    least ``MIN_COUNTING_IDS`` ids under the cursor's prefix, each above the
+    one before, and none under that prefix with a tail that is not decimal.
+    A random or hex tail is all digits now and then (``s-58302914``); one
+    id cannot tell it from a counter, a short history of the stream can."""
+    if cursor.counter is None:
+        return cursor
+    prefix = cursor.prefix or ""
+    last = -1
+    counted = 0
+    for raw in history:
+        if not raw.startswith(prefix):
+            continue
+        parsed = parse_event_id(raw)
+        if parsed is not None and parsed.counter is not None and parsed.prefix == prefix:
+            if parsed.counter <= last:
+                return EventId(cursor.raw)  # not counting up: not a counter
+            last = parsed.counter
+            counted += 1
+            continue
+        tail = raw[len(prefix) :]
+        if prefix:
+            hexlike = tail.isascii() and tail.isalnum()
+        else:  # bare ids: a token of the cursor's width in hex digits
+            hexlike = len(tail) == len(cursor.raw) and _HEX.issuperset(tail)
+        if hexlike:
+            return EventId(cursor.raw)
+    return cursor if counted >= MIN_COUNTING_IDS else EventId(cursor.raw)
 
 
 def compare_event_ids(a: EventId, b: EventId) -> int | None:
@@ -154,6 +224,7 @@ class Cursor:
     known: bool = False  # the event was seen on a tracked stream
     consumed: bool = True  # the application took the event before the break
     digest: int | None = None  # digest of the event's data
+    meaning: int | None = None  # digest of its JSON meaning, where computed
     transport: str | None = None  # transport of the stream that issued it
 
 
@@ -165,6 +236,9 @@ class ObservedEvent:
     digest: int = 0
     is_marker: bool = False  # empty data: a priming event or heartbeat
     response_ids: tuple[str, ...] = ()  # JSON-RPC responses it carries
+    # Data that may carry responses but was not read (too large, not JSON):
+    # which requests it answers is unknown.
+    unreadable: bool = False
 
 
 @dataclass(frozen=True)
@@ -224,7 +298,7 @@ def id_regression_rule(cursor: Cursor, first: ObservedEvent) -> Gap | None:
     )
 
 
-def id_reused_rule(seen: Mapping[str, int], event: ObservedEvent) -> Gap | None:
+def id_reused_rule(seen: Mapping[str, int | None], event: ObservedEvent) -> Gap | None:
     if event.event_id is None or event.is_marker:
         return None
     previous = seen.get(event.event_id.raw)
@@ -251,8 +325,12 @@ def _is_cursor_event(cursor: Cursor, event: ObservedEvent) -> bool:
 
 
 def replay_contract_rule(
-    cursor: Cursor, first: ObservedEvent, contract: ReplayContract
+    cursor: Cursor, first: ObservedEvent, contract: ReplayContract, *, redelivered: bool = False
 ) -> Gap | None:
+    if redelivered:
+        # At-least-once: the server sent again, unchanged, events up to and
+        # including the cursor, then went on.  Neither contract loses anything.
+        return None
     if contract is ReplayContract.EXCLUSIVE:
         if not _is_cursor_event(cursor, first):
             return None
@@ -281,8 +359,10 @@ def replay_contract_rule(
     )
 
 
-def drain_race_rule(cursor: Cursor, first: ObservedEvent) -> Gap | None:
-    if cursor.consumed or not cursor.known or first.event_id is None:
+def drain_race_rule(
+    cursor: Cursor, first: ObservedEvent, *, redelivered: bool = False
+) -> Gap | None:
+    if cursor.consumed or not cursor.known or first.event_id is None or redelivered:
         return None
     if _is_cursor_event(cursor, first):
         return None  # the unconsumed event is delivered again
@@ -366,7 +446,7 @@ class ResumeCheck:
         cursor: Cursor,
         contract: ReplayContract = ReplayContract.EXCLUSIVE,
         *,
-        seen: Mapping[str, int] | None = None,
+        seen: Mapping[str, int | None] | None = None,
         pending: Mapping[str, str] | None = None,
         unconsumed_responses: Mapping[str, tuple[str, EventId | None]] | None = None,
         sent_by_session: Callable[[str], bool] | None = None,
@@ -389,6 +469,13 @@ class ResumeCheck:
         self._session_changed: Gap | None = None
         self._replaced = False
         self._ended = False
+        # Events sent again unchanged before the first new one (at-least-once
+        # delivery), and whether the cursor event was among them.
+        self._duplicates = 0
+        self._cursor_redelivered = False
+        # An event that may have answered requests could not be read: no
+        # pending request can be proven orphaned any more.
+        self._ledger_unknown = False
 
     # -- facts, in wire order
 
@@ -407,6 +494,9 @@ class ResumeCheck:
         self.delivered += 1
         found: list[Gap] = []
         if self.verdict is None:
+            if self._is_duplicate(event):
+                self._duplicates += 1
+                return self._responses(event)
             found.extend(self._first_event(event))
         else:
             found.extend(self._later_event(event))
@@ -469,6 +559,33 @@ class ResumeCheck:
 
     # -- internals
 
+    def _is_duplicate(self, event: ObservedEvent) -> bool:
+        """An event at or before the cursor that this session already saw with
+        the same content: at-least-once redelivery, not the replay's start.
+        The cursor event itself counts only after an earlier duplicate; sent
+        first, it is the inclusive contract's re-send, which the contract
+        rule judges."""
+        if event.is_marker or event.event_id is None or self._session_changed is not None:
+            return False
+        raw = event.event_id.raw
+        if raw not in self._seen or self._seen[raw] != event.digest:
+            return False
+        cursor = self.cursor.event_id.raw
+        if raw == cursor:
+            if self._duplicates:
+                self._cursor_redelivered = True
+                return True
+            return False
+        order = compare_event_ids(event.event_id, self.cursor.event_id)
+        if order is not None:
+            return order == -1
+        for seen in self._seen:  # oldest first: opaque ids order by arrival
+            if seen == raw:
+                return cursor in self._seen
+            if seen == cursor:
+                return False
+        return False
+
     def _first_event(self, first: ObservedEvent) -> list[Gap]:
         self.first_event_id = first.event_id.raw if first.event_id else None
         found: list[Gap] = []
@@ -488,9 +605,10 @@ class ResumeCheck:
         if not found:
             # Only a stream that kept its session and its counter can be
             # judged against the contract and the drain race.
+            redelivered = self._cursor_redelivered
             for gap in (
-                replay_contract_rule(self.cursor, first, self.contract),
-                drain_race_rule(self.cursor, first),
+                replay_contract_rule(self.cursor, first, self.contract, redelivered=redelivered),
+                drain_race_rule(self.cursor, first, redelivered=redelivered),
             ):
                 if gap is not None:
                     found.append(gap)
@@ -533,7 +651,9 @@ class ResumeCheck:
             if entry.event_id is None:
                 continue
             order = compare_event_ids(entry.event_id, self.cursor.event_id)
-            resent = first.event_id is not None and first.event_id.raw == entry.event_id.raw
+            resent = (first.event_id is not None and first.event_id.raw == entry.event_id.raw) or (
+                self._cursor_redelivered and entry.event_id.raw == self.cursor.event_id.raw
+            )
             if order == -1 or (order == 0 and not resent):
                 del self._pending[rid]
                 found.append(
@@ -547,6 +667,9 @@ class ResumeCheck:
 
     def _responses(self, event: ObservedEvent) -> list[Gap]:
         found: list[Gap] = []
+        if event.unreadable:
+            self._ledger_unknown = True
+            self._pending.clear()
         for rid in event.response_ids:
             if self._pending.pop(rid, None) is not None:
                 continue
@@ -557,6 +680,9 @@ class ResumeCheck:
         return found
 
     def _orphan_all(self, why: str) -> list[Gap]:
+        if self._ledger_unknown:
+            self._pending.clear()
+            return []
         found = [
             orphaned_request_rule(rid, entry.method, why) for rid, entry in self._pending.items()
         ]
@@ -581,6 +707,15 @@ class StreamCursor:
     last_event_id: int | str
 
 
+def _seed_id(event_id: int | str) -> EventId | None:
+    """An id as the seed's API takes it: a Python int that reads as a
+    counter (not negative, at most 40 digits) is one by type, even where
+    its digits would look like a clock; anything else by its shape."""
+    if type(event_id) is int and 0 <= event_id < 10**MAX_COUNTER_DIGITS:
+        return EventId(str(event_id), "", event_id)
+    return parse_event_id(str(event_id))
+
+
 def verify_resumption(
     cursor: StreamCursor,
     response_session_id: str,
@@ -601,8 +736,8 @@ def verify_resumption(
             "no replayed event on resume; cannot distinguish caught-up "
             "from replay-unsupported, refuse to treat as continuous"
         )
-    first = parse_event_id(str(first_replayed_event_id))
-    last = parse_event_id(str(cursor.last_event_id))
+    first = _seed_id(first_replayed_event_id)
+    last = _seed_id(cursor.last_event_id)
     if first is None or last is None:
         raise ResumptionGapError("empty event id on resume; continuity is unproven")
     order = compare_event_ids(first, last)

@@ -35,9 +35,10 @@ from .continuity import (
     ReplayContract,
     ResumeCheck,
     Verdict,
+    corroborated,
     parse_event_id,
 )
-from .jsonrpc import responses_in
+from .jsonrpc import canonical_digest, is_message, responses_in
 
 SEEN_WINDOW = 32  # event ids remembered per session, for id_reused
 MAX_REQUESTS = 256  # in-flight JSON-RPC requests remembered per session
@@ -63,10 +64,10 @@ class Session:
 
     __slots__ = (
         "history_lost",
+        "ledger_unknown",
         "pending",
         "seen",
         "sent",
-        "sent_overflowed",
         "server",
         "session_id",
     )
@@ -74,9 +75,10 @@ class Session:
     def __init__(self, server: str, session_id: str | None, history_lost: bool = False) -> None:
         self.server = server
         self.session_id = session_id
-        # event id -> digest of its data, oldest first (a plain dict is
-        # insertion-ordered and a third the size of an OrderedDict)
-        self.seen: dict[str, int] = {}
+        # event id -> digest of its data (None: a marker, no data), oldest
+        # first (a plain dict is insertion-ordered and a third the size of an
+        # OrderedDict)
+        self.seen: dict[str, int | None] = {}
         # request key -> (method, lineage of the stream its response must come
         # on; None where any stream of the session may carry it, as in legacy
         # SSE); None until the first request, as most sessions hold few
@@ -84,12 +86,14 @@ class Session:
         # request keys sent, oldest first; a list because it is appended to
         # per request and searched only at a resume
         self.sent: list[str] | None = None
-        self.sent_overflowed = False
+        # Requests were sent that the ledger does not know: it forgot the
+        # oldest, or a body was not read (too large, streamed, not JSON).
+        self.ledger_unknown = False
         # A stream of this session was dropped (or the session is a new record
         # for a key whose older one may have been): its cursors can be gone.
         self.history_lost = history_lost
 
-    def remember(self, event_id: str, digest: int) -> None:
+    def remember(self, event_id: str, digest: int | None) -> None:
         seen = self.seen
         if event_id in seen:
             del seen[event_id]  # to the newest end
@@ -98,8 +102,8 @@ class Session:
             seen.pop(next(iter(seen)), None)
 
     def sent_here(self, request_key: str) -> bool:
-        # A ledger that has forgotten ids cannot prove a response foreign.
-        return self.sent_overflowed or (self.sent is not None and request_key in self.sent)
+        # A ledger that does not know every id sent cannot prove a response foreign.
+        return self.ledger_unknown or (self.sent is not None and request_key in self.sent)
 
     def answered(self, request_keys: Iterable[str]) -> None:
         pending = self.pending
@@ -108,6 +112,17 @@ class Session:
                 pending.pop(key, None)
             if not pending:
                 self.pending = None  # an emptied dict keeps its table
+
+    def forget_pending(self, lineage: int) -> None:
+        """An event of ``lineage`` may have answered any of its requests, but
+        could not be read: none of them can be proven orphaned."""
+        pending = self.pending
+        if pending:
+            for key, (_, owner) in list(pending.items()):
+                if owner is None or owner == lineage:
+                    del pending[key]
+            if not pending:
+                self.pending = None
 
 
 class Stream:
@@ -128,8 +143,11 @@ class Stream:
         "indexed",
         "key",
         "last_consumed",
+        "last_data",
+        "last_meaning",
         "last_received",
         "lineage",
+        "path",
         "server",
         "session",
         "taken",
@@ -137,15 +155,23 @@ class Stream:
         "unconsumed_responses",
     )
 
-    def __init__(self, key: int, server: str, transport: str, session: Session) -> None:
+    def __init__(
+        self, key: int, server: str, transport: str, session: Session, path: str | None = None
+    ) -> None:
         self.key = key
         self.server = server
+        self.path = path  # the URL path: the scope of a sessionless stream's ids
         self.transport = transport
         self.session = session
         self.lineage = key
         self.last_received: str | None = None
         self.last_consumed: str | None = None
         self.taken = False
+        # The last event's data, while the stream is read (a reference, not a
+        # copy), and once it ended the digest of its JSON meaning, where an
+        # inclusive server may send it again in other bytes.
+        self.last_data: str | None = None
+        self.last_meaning: int | None = None
         self.unconsumed_responses: tuple[str, ...] = ()
         self.check: ResumeCheck | None = None
         self.carries: tuple[str, ...] = ()
@@ -194,7 +220,7 @@ class Tracker:
         self._lock = threading.Lock()
         self._keys = itertools.count(1)
         self._streams: OrderedDict[int, Stream] = OrderedDict()
-        self._sessions: OrderedDict[tuple[str, str | None], Session] = OrderedDict()
+        self._sessions: OrderedDict[tuple[str, str | None, str | None], Session] = OrderedDict()
         # (server, event id) -> the stream, or {key: stream} for several, whose
         # last received or consumed event it is, most recent last: the cursors
         # a client may present on reconnect.  Several when sessions count their
@@ -216,11 +242,20 @@ class Tracker:
     # ---------------------------------------------------------- requests
 
     def request_sent(
-        self, server: str, session_id: str | None, requests: Iterable[tuple[str, str]]
+        self,
+        server: str,
+        session_id: str | None,
+        requests: Iterable[tuple[str, str]] | None,
+        path: str | None = None,
     ) -> None:
-        """JSON-RPC requests POSTed in a session (or sessionless)."""
+        """JSON-RPC requests POSTed in a session (or sessionless, to ``path``);
+        ``None``: a body that was not read, so the ledger no longer knows
+        every request of the session."""
         with self._lock:
-            session = self._session(server, session_id)
+            session = self._session(server, session_id, path)
+            if requests is None:
+                session.ledger_unknown = True
+                return
             for key, method in requests:
                 if session.pending is None:
                     session.pending = {}
@@ -231,7 +266,7 @@ class Tracker:
                 session.sent.append(key)
                 if len(session.sent) > SENT_WINDOW:
                     del session.sent[0]
-                    session.sent_overflowed = True
+                    session.ledger_unknown = True
 
     # ----------------------------------------------------------- streams
 
@@ -244,23 +279,25 @@ class Tracker:
         last_event_id: str | None = None,
         carries: Iterable[str] = (),
         request_session_id: str | None = None,
+        path: str | None = None,
     ) -> Stream:
         """An SSE response is about to be read.  ``last_event_id`` makes it a
         resume; ``carries`` are request keys whose responses it will carry.
         ``session_id`` is the stream's session (the response's, else the
         request's); ``request_session_id``, the session the request named,
         is the one the client says its cursor belongs to (default: the
-        stream's), and the cursor is looked up there."""
+        stream's), and the cursor is looked up there.  ``path`` scopes the
+        ids of a stream without a session: never a whole origin."""
         cursor = _bounded(last_event_id) or None
         claimed = request_session_id if request_session_id is not None else session_id
         with self._lock:
             self._flush()
-            previous = self._cursor_owner(server, cursor, claimed) if cursor else None
+            previous = self._cursor_owner(server, cursor, claimed, path) if cursor else None
             if previous is not None and previous.session.session_id is not None:
                 session = previous.session
             else:
-                session = self._session(server, session_id)
-            stream = Stream(next(self._keys), server, transport, session)
+                session = self._session(server, session_id, path)
+            stream = Stream(next(self._keys), server, transport, session, path)
             self._admit(stream)
             stream.carries = tuple(carries)
             pending = session.pending
@@ -282,20 +319,22 @@ class Tracker:
         cursor_id = parse_event_id(cursor_raw)
         if previous is None:
             # Evicted or never seen: the request's own session header is the
-            # only binding left, and nothing else can be proven.
-            cursor = Cursor(cursor_id, session_id=request_session_id)
+            # only binding left, and nothing else can be proven (not even the
+            # id's order: no history shows its scheme counting).
+            cursor = Cursor(corroborated(cursor_id, ()), session_id=request_session_id)
             return ResumeCheck(cursor, self.contract)
         self._settle(previous)
-        previous.ended = True
+        self._ended(previous)
         stream.lineage = previous.lineage
         session = previous.session
         unconsumed = previous.last_received == cursor_raw and previous.last_consumed != cursor_raw
         cursor = Cursor(
-            cursor_id,
+            corroborated(cursor_id, session.seen),
             session_id=session.session_id,
             known=True,
             consumed=not unconsumed,
             digest=session.seen.get(cursor_raw),
+            meaning=previous.last_meaning if previous.last_received == cursor_raw else None,
             transport=previous.transport,
         )
         pending: dict[str, str] = {}
@@ -365,17 +404,41 @@ class Tracker:
             digest = hash(data)
         # Most events on a busy stream are notifications: skip the call.
         responses = responses_in(data) if '"result"' in data or '"error"' in data else ()
+        unreadable = responses is None
+        if unreadable:
+            responses = ()
         with self._lock:
             self._take(stream)  # asking for this event took the one before
             step = NOTHING
             check = stream.check
-            if check is not None and check.event_matters(event_id, digest, bool(responses)):
-                event = ObservedEvent(parse_event_id(event_id), digest, not data, responses)
+            session = stream.session
+            if event_id is not None and data:
+                previous = session.seen.get(event_id)
+                if previous is not None and previous != digest:
+                    # The one case that reads the data: an id seen before with
+                    # other bytes, which would be reported as a reuse.
+                    if not is_message(data):
+                        data = ""  # a keep-alive repeating the id: a marker
+                    elif self._same_meaning(check, event_id, data):
+                        digest = previous
+            if unreadable:
+                session.forget_pending(stream.lineage)
+            if check is not None and check.event_matters(
+                event_id, digest, bool(responses) or unreadable
+            ):
+                event = ObservedEvent(
+                    parse_event_id(event_id), digest, not data, responses, unreadable
+                )
                 step = self._run(check, lambda: check.on_event(event))
             if event_id is not None:
-                if data:  # markers carry no content to compare
-                    stream.session.remember(event_id, digest)
+                # Markers carry no content to compare, but their ids show
+                # whether the scheme counts.
+                if data:
+                    session.remember(event_id, digest)
+                elif event_id not in session.seen:
+                    session.remember(event_id, None)
                 stream.last_received = event_id
+                stream.last_data = data
             stream.unconsumed_responses = responses
             if not stream.dirty:
                 stream.dirty = True
@@ -397,7 +460,7 @@ class Tracker:
             self._settle(stream)
             if stream.ended and stream.check is None:
                 return NOTHING
-            stream.ended = True
+            self._ended(stream)
             if closed_by_client and set(stream.carries).intersection(stream.unconsumed_responses):
                 # A POST stream closed right after the answer to its own
                 # request: the client took it (that is how the MCP SDKs finish
@@ -417,6 +480,25 @@ class Tracker:
             return self._run(check, lambda: check.on_timeout(seconds))
 
     # ---------------------------------------------------------- internals
+
+    def _ended(self, stream: Stream) -> None:
+        """The stream will deliver no more events: keep of its last event's
+        data only what a resume may compare."""
+        stream.ended = True
+        data = stream.last_data
+        if data is not None:
+            stream.last_data = None
+            if self.contract is ReplayContract.INCLUSIVE:
+                # Only an inclusive server sends the cursor event again.
+                stream.last_meaning = canonical_digest(data)
+
+    @staticmethod
+    def _same_meaning(check: ResumeCheck | None, event_id: str, data: str) -> bool:
+        """The cursor event sent again with the same JSON meaning in other
+        bytes (a store that keeps JSON as JSONB)."""
+        if check is None or check.cursor.meaning is None or event_id != check.cursor.event_id.raw:
+            return False
+        return canonical_digest(data) == check.cursor.meaning
 
     @staticmethod
     def _run(check: ResumeCheck, observe: Callable[[], list[Gap]]) -> Step:
@@ -492,11 +574,21 @@ class Tracker:
             if len(owners) == 1:  # back to the common case: one owner, no dict
                 self._cursors[key] = next(iter(owners.values()))
 
-    def _cursor_owner(self, server: str, cursor: str, session_id: str | None) -> Stream | None:
+    def _cursor_owner(
+        self, server: str, cursor: str, session_id: str | None, path: str | None = None
+    ) -> Stream | None:
         owners = self._cursors.get((server, cursor))
         if owners is None:
             return None
         candidates = [owners] if isinstance(owners, Stream) else list(owners.values())
+        # A stream without a session issued its ids for its URL path only.
+        candidates = [
+            stream
+            for stream in candidates
+            if stream.session.session_id is not None or stream.path == path
+        ]
+        if not candidates:
+            return None
         if session_id is not None:
             for stream in reversed(candidates):
                 if stream.session.session_id == session_id:
@@ -504,7 +596,7 @@ class Tracker:
             # Another session's stream holds an equal id.  That binds the
             # cursor to the other session only if the named one could not
             # have issued it: per-session counters repeat ids across sessions.
-            named = self._sessions.get((server, session_id))
+            named = self._sessions.get((server, session_id, None))
             if named is None:
                 if self.evicted_sessions:
                     return None  # it may have been dropped with its streams
@@ -512,8 +604,9 @@ class Tracker:
                 return None
         return candidates[-1]
 
-    def _session(self, server: str, session_id: str | None) -> Session:
-        key = (server, session_id)
+    def _session(self, server: str, session_id: str | None, path: str | None = None) -> Session:
+        # Sessionless streams share ids per URL path, not per origin.
+        key = (server, session_id, None if session_id is not None else path)
         session = self._sessions.get(key)
         if session is None:
             session = self._sessions[key] = Session(
