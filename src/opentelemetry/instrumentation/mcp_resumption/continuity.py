@@ -110,6 +110,9 @@ class EventId:
     raw: str
     prefix: str | None = None  # None: opaque; "": a bare integer
     counter: int | None = None
+    # A timestamp (opaque): two events in one tick share it, so an equal id
+    # with other data is a tie, not a reuse.
+    clock: bool = False
 
     @property
     def scheme(self) -> str:
@@ -152,7 +155,9 @@ def parse_event_id(raw: str | None) -> EventId | None:
         return EventId(raw)
     head = raw.rstrip(_DIGITS)
     digits = raw[len(head) :]
-    if len(digits) > MAX_COUNTER_DIGITS or _is_clock(digits):
+    if _is_clock(digits):
+        return EventId(raw, clock=True)
+    if len(digits) > MAX_COUNTER_DIGITS:
         return EventId(raw)
     if not head:
         return EventId(raw, "", int(digits))
@@ -160,7 +165,9 @@ def parse_event_id(raw: str | None) -> EventId | None:
     if separator in _ASCII_ALNUM or separator.isspace():
         return EventId(raw)  # "5e5", "e- 5": no separator right before the counter
     if separator in _FRACTION_SEPARATORS and len(head) > 1 and head[-2] in _DIGITS:
-        return EventId(raw)  # a decimal fraction
+        # A decimal fraction; seconds since the epoch with one are a clock.
+        whole = head[:-1]
+        return EventId(raw, clock=whole.isdigit() and _is_clock(whole))
     if _ASCII_ALNUM.isdisjoint(head):
         return EventId(raw)  # "-5", "é-5": a sign or a symbol, not a stream name
     return EventId(raw, head, int(digits))
@@ -204,9 +211,10 @@ def corroborated(cursor: EventId, history: Iterable[str]) -> EventId:
 
 def compare_event_ids(a: EventId, b: EventId) -> int | None:
     """-1, 0 or 1 as ``a`` orders before, with or after ``b``; ``None`` when
-    the two ids carry no ordering evidence against each other."""
+    the two ids carry no ordering evidence against each other (equal
+    timestamps included: two events of one tick share one)."""
     if a.raw == b.raw:
-        return 0
+        return None if a.clock else 0
     if a.counter is None or b.counter is None or a.prefix != b.prefix:
         return None
     return (a.counter > b.counter) - (a.counter < b.counter)
@@ -299,7 +307,7 @@ def id_regression_rule(cursor: Cursor, first: ObservedEvent) -> Gap | None:
 
 
 def id_reused_rule(seen: Mapping[str, int | None], event: ObservedEvent) -> Gap | None:
-    if event.event_id is None or event.is_marker:
+    if event.event_id is None or event.is_marker or event.event_id.clock:
         return None
     previous = seen.get(event.event_id.raw)
     if previous is None or previous == event.digest:
