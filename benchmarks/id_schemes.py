@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     failed = False
     print(f"{args.resumes:,} faithful resumes per scheme, seed {args.seed}")
-    print(f"| scheme | false id_regression | rate | other gaps | outcomes |")
+    print("| scheme | false id_regression | rate | other gaps | outcomes |")
     print("|---|---:|---:|---|---|")
     for name, scheme in SCHEMES.items():
         gaps, outcomes = measure(scheme, args.resumes, args.seed)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from conftest import Telemetry
-from fuzz_sse import FLAVOURS, RawRequest, RawServer, Reply, block, consume, head, package_log
+from fuzz_sse import FLAVOURS, RawServer, Reply, block, consume, head, package_log
 
 SSE_TYPE = (b"content-type", b"text/event-stream")
 ACCEPT = (b"accept", b"text/event-stream, application/json")

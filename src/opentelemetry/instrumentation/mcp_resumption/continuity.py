@@ -136,6 +136,19 @@ def _is_clock(digits: str) -> bool:
     return len(digits) in _EPOCH_DIGITS and digits[0] != "0"
 
 
+def _is_date(head: str) -> bool:
+    """``head`` starts with an ISO 8601 date (``2025-11-``): what follows
+    is a day or a time of day, not a counter."""
+    return (
+        len(head) >= 8
+        and head[4] == "-"
+        and head[7] == "-"
+        and head[:4].isdigit()
+        and head[5:7].isdigit()
+        and head[:8].isascii()
+    )
+
+
 def parse_event_id(raw: str | None) -> EventId | None:
     """Classify one id by its own shape; ``None`` for an absent or empty id.
 
@@ -144,14 +157,15 @@ def parse_event_id(raw: str | None) -> EventId | None:
     (``-``, ``_``, ``:``, ``/``...), followed by a decimal counter.  Opaque:
     UUIDs, a decimal fraction (``1733212345.45``: ``.45`` is not counter 45),
     anything whose tail is not all decimal digits (hex, base36, ULIDs), a
-    Unix timestamp in s/ms/us/ns, and ids over ``MAX_ORDERED_ID_LENGTH``.
+    Unix timestamp in s/ms/us/ns or an ISO 8601 time (clocks tie), and ids
+    over ``MAX_ORDERED_ID_LENGTH``.
 
     No regular expression: string methods and one scan of at most
     ``MAX_ORDERED_ID_LENGTH`` characters, so every input costs about the same.
     """
     if not raw or not isinstance(raw, str):
         return None
-    if len(raw) > MAX_ORDERED_ID_LENGTH or not raw[-1] in _DIGITS or _is_uuid(raw):
+    if len(raw) > MAX_ORDERED_ID_LENGTH or raw[-1] not in _DIGITS or _is_uuid(raw):
         return EventId(raw)
     head = raw.rstrip(_DIGITS)
     digits = raw[len(head) :]
@@ -167,9 +181,11 @@ def parse_event_id(raw: str | None) -> EventId | None:
     if separator in _FRACTION_SEPARATORS and len(head) > 1 and head[-2] in _DIGITS:
         # A decimal fraction; seconds since the epoch with one are a clock.
         whole = head[:-1]
-        return EventId(raw, clock=whole.isdigit() and _is_clock(whole))
+        return EventId(raw, clock=(whole.isdigit() and _is_clock(whole)) or _is_date(head))
     if _ASCII_ALNUM.isdisjoint(head):
         return EventId(raw)  # "-5", "é-5": a sign or a symbol, not a stream name
+    if _is_date(head):
+        return EventId(raw, clock=True)  # 2025-11-25T10:00:07
     return EventId(raw, head, int(digits))
 
 

@@ -138,15 +138,16 @@ class Stream:
     __slots__ = (
         "carries",
         "check",
+        "consumed_data",
         "dirty",
         "ended",
         "indexed",
         "key",
         "last_consumed",
         "last_data",
-        "last_meaning",
         "last_received",
         "lineage",
+        "meanings",
         "path",
         "server",
         "session",
@@ -167,11 +168,13 @@ class Stream:
         self.last_received: str | None = None
         self.last_consumed: str | None = None
         self.taken = False
-        # The last event's data, while the stream is read (a reference, not a
-        # copy), and once it ended the digest of its JSON meaning, where an
-        # inclusive server may send it again in other bytes.
+        # The data of the last received and last consumed events while the
+        # stream is read (references, not copies); once it ended, under the
+        # inclusive contract, the digests of their JSON meaning by id: what
+        # a server may send again in other bytes.
         self.last_data: str | None = None
-        self.last_meaning: int | None = None
+        self.consumed_data: str | None = None
+        self.meanings: dict[str, int | None] | None = None
         self.unconsumed_responses: tuple[str, ...] = ()
         self.check: ResumeCheck | None = None
         self.carries: tuple[str, ...] = ()
@@ -334,7 +337,7 @@ class Tracker:
             known=True,
             consumed=not unconsumed,
             digest=session.seen.get(cursor_raw),
-            meaning=previous.last_meaning if previous.last_received == cursor_raw else None,
+            meaning=previous.meanings.get(cursor_raw) if previous.meanings else None,
             transport=previous.transport,
         )
         pending: dict[str, str] = {}
@@ -485,12 +488,16 @@ class Tracker:
         """The stream will deliver no more events: keep of its last event's
         data only what a resume may compare."""
         stream.ended = True
-        data = stream.last_data
-        if data is not None:
-            stream.last_data = None
-            if self.contract is ReplayContract.INCLUSIVE:
-                # Only an inclusive server sends the cursor event again.
-                stream.last_meaning = canonical_digest(data)
+        received, consumed = stream.last_data, stream.consumed_data
+        stream.last_data = stream.consumed_data = None
+        if self.contract is ReplayContract.INCLUSIVE and (received or consumed):
+            # Only an inclusive server sends the cursor event again.
+            meanings: dict[str, int | None] = {}
+            if consumed and stream.last_consumed is not None:
+                meanings[stream.last_consumed] = canonical_digest(consumed)
+            if received and stream.last_received is not None:
+                meanings[stream.last_received] = canonical_digest(received)
+            stream.meanings = meanings
 
     @staticmethod
     def _same_meaning(check: ResumeCheck | None, event_id: str, data: str) -> bool:
@@ -523,6 +530,7 @@ class Tracker:
             stream.unconsumed_responses = ()
         if stream.last_received is not None:
             stream.last_consumed = stream.last_received
+            stream.consumed_data = stream.last_data
 
     def _flush(self) -> None:
         """Bring the cursor index and the LRU order up to date with the
