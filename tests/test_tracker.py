@@ -576,3 +576,51 @@ def test_threads_share_one_tracker(max_streams):
     assert len(t) <= max_streams
     assert t.session_count <= max_streams
     assert t.evicted_streams == 2 * threads * rounds - len(t)
+
+
+# ------------------------------------------- what the ledger cannot read (issue 12)
+
+
+def test_sessionless_cursors_are_scoped_to_their_path():
+    t = Tracker()
+    a = t.open_stream(SERVER, "streamable-http", path="/a")
+    b = t.open_stream(SERVER, "streamable-http", path="/b")
+    for n in (1, 2, 3):
+        t.event_received(a, str(n), notification(n, "a"))
+        t.event_received(b, str(n), notification(n, "b"))
+    t.event_consumed(a)
+    t.event_consumed(b)
+    t.stream_ended(a, "reset")
+    t.stream_ended(b, "reset")
+    resumed = t.open_stream(SERVER, "streamable-http", path="/a", last_event_id="3")
+    assert resumed.session is a.session and resumed.lineage == a.lineage
+    elsewhere = t.open_stream(SERVER, "streamable-http", path="/c", last_event_id="3")
+    assert elsewhere.check.cursor.known is False  # no stream of /c issued it
+
+
+def test_an_unread_request_body_makes_the_ledger_unknown():
+    t = Tracker()
+    stream = t.open_stream(SERVER, "streamable-http", session_id="s-u")
+    t.request_sent(SERVER, "s-u", None)  # a body that was not read
+    for n in (1, 2):
+        t.event_received(stream, str(n), notification(n))
+    t.event_consumed(stream)
+    t.stream_ended(stream, "reset")
+    resumed = t.open_stream(SERVER, "streamable-http", session_id="s-u", last_event_id="2")
+    t.response(resumed, 200, "s-u")
+    step = t.event_received(resumed, "3", result(77, 3))
+    assert step.gaps == () and step.verdict.outcome is Outcome.RESUMED
+
+
+def test_an_unread_response_leaves_no_request_provably_orphaned():
+    t = Tracker()
+    stream = t.open_stream(SERVER, "streamable-http", session_id="s-v", carries=["5"])
+    t.request_sent(SERVER, "s-v", requests_in(tools_call(5)))
+    t.event_received(stream, "1", notification(1))
+    t.event_received(stream, "2", result(5, 2)[:-1] + ', "pad": "' + "x" * 70_000 + '"}')
+    t.event_consumed(stream)
+    t.stream_ended(stream, "the stream ended")
+    later = t.open_stream(SERVER, "streamable-http", session_id="s-v", last_event_id="2")
+    t.response(later, 200, "s-v")
+    steps = [t.event_received(later, "3", notification(3)), t.stream_ended(later, "eof")]
+    assert [gap.kind.value for step in steps for gap in step.gaps] == []

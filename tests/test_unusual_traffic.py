@@ -306,3 +306,50 @@ def test_true_positives_stay_true(raw_server, flavour, mode, name):
         assert resumed.events == ()
     else:
         assert resumed.error is None and len(resumed.events) == 1
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_non_mcp_sse_client_costs_one_check_per_response(raw_server, flavour):
+    """A feed that never shows MCP: the plugin looks at its answer's headers
+    and its first event's type, once, and never at an event again."""
+    telemetry = Telemetry()
+    calls = {"promote": 0, "event": 0, "asked_next": 0, "ended": 0}
+    with telemetry.instrumented() as instrumentor:
+        processor = instrumentor.processor
+        for name in calls:
+            original = getattr(processor, name)
+
+            def counted(*args, _name=name, _original=original, **kwargs):
+                calls[_name] += 1
+                return _original(*args, **kwargs)
+
+            setattr(processor, name, counted)
+        path = f"/plain-feed/{next(_paths)}"
+        events = tuple(block(str(n), f"tick {n}") for n in range(50))
+        raw_server.on(path, lambda request: Reply(head(200, (SSE_TYPE,)), events))
+        for _ in range(3):
+            seen = consume(flavour, raw_server.url + path, headers=[ACCEPT])
+            assert [event[2] for event in seen.events] == [str(n) for n in range(50)]
+        tracked = len(processor.tracker)
+    assert calls == {"promote": 3, "event": 0, "asked_next": 0, "ended": 0}
+    assert tracked == 0 and telemetry.outcomes() == {}
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_legacy_stream_shows_itself_by_its_endpoint_event(raw_server, flavour):
+    """The legacy transport sends no MCP header: its endpoint event is the
+    evidence, and from it on the stream is tracked (a reset is found)."""
+    telemetry = Telemetry()
+    with telemetry.instrumented(confirm_timeout=30) as instrumentor:
+        token = next(_paths)
+        legacy = [block(None, f"/messages/?session_id=leg-{token}", event="endpoint")]
+        legacy += [block(str(n), note(n)) for n in (4817, 4818, 4819)]
+        raw_server.on(f"/sse/{token}", lambda request: Reply(head(200, (SSE_TYPE,)), tuple(legacy)))
+        fresh = (SSE_TYPE, (b"mcp-session-id", b"fresh"))
+        raw_server.on(f"/mcp/{token}", lambda request: Reply(
+            head(200, fresh), (block("1", note(1, fresh=True)),)))
+        first = consume(flavour, raw_server.url + f"/sse/{token}", headers=[ACCEPT])
+        assert len(first.events) == 4 and len(instrumentor.processor.tracker) == 1
+        consume(flavour, raw_server.url + f"/mcp/{token}",
+                headers=[ACCEPT, (b"last-event-id", b"4819")])
+    assert telemetry.gap_kinds() == {"session_changed": 1, "id_regression": 1}

@@ -415,11 +415,12 @@ class Tracker:
             step = NOTHING
             check = stream.check
             session = stream.session
-            if event_id is not None and data:
+            if check is not None and event_id is not None and data:
                 previous = session.seen.get(event_id)
                 if previous is not None and previous != digest:
-                    # The one case that reads the data: an id seen before with
-                    # other bytes, which would be reported as a reuse.
+                    # The one case that reads the data: on a resumed stream,
+                    # an id seen before with other bytes, which would be
+                    # reported as a reuse.
                     if not is_message(data):
                         data = ""  # a keep-alive repeating the id: a marker
                     elif self._same_meaning(check, event_id, data):
