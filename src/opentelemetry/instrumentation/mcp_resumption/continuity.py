@@ -15,15 +15,23 @@ Definitions the rules share (they are the ground truth of the tests):
 * The *cursor* is the ``Last-Event-ID`` the client presented, bound to the
   session id it was issued in, whether the application consumed that event,
   and the digest of its data.
-* The *first event* is the first event the resumed stream delivers; the
+* The *first event* is the first event the resumed stream delivers that is
+  not a duplicate (below); the
   verdict is given there, at an error status, at the end of the stream, or
   when the confirmation window passes, whichever comes first.
 * A *marker* is an event with empty data: a 2025-11-25 priming event (id and
-  no data) or a heartbeat.  It says "nothing (more) to replay".
+  no data) or a heartbeat; the tracker also reads as one a keep-alive whose
+  data is not a JSON-RPC message and whose id was seen with other data.  It
+  says "nothing (more) to replay".
 * Event ids are opaque strings.  Integers and a fixed prefix plus a counter
-  (``e-104``, ``s-77:e-104``, ``<stream>_<n>``) order within one prefix;
-  anything else is opaque and gives no ordering evidence, so where ordering
-  would decide, the outcome is ``unverifiable`` rather than a guess.
+  (``e-104``, ``s-77:e-104``, ``<stream>_<n>``) order within one prefix, once
+  the session's history shows the scheme counting (:func:`corroborated`);
+  anything else (UUIDs, hex tails, decimal fractions, timestamps) is opaque
+  and gives no ordering evidence, so where ordering would decide, the
+  outcome is ``unverifiable`` rather than a guess.
+* A *duplicate* is an event the session already saw, with the same content,
+  at or before the cursor: at-least-once redelivery, skipped until the first
+  new event, never a regression or a reuse.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ __all__ = [
     "StreamCursor",
     "Verdict",
     "compare_event_ids",
+    "corroborated",
     "parse_event_id",
     "verify_resumption",
 ]
