@@ -353,3 +353,44 @@ def test_a_legacy_stream_shows_itself_by_its_endpoint_event(raw_server, flavour)
         consume(flavour, raw_server.url + f"/mcp/{token}",
                 headers=[ACCEPT, (b"last-event-id", b"4819")])
     assert telemetry.gap_kinds() == {"session_changed": 1, "id_regression": 1}
+
+
+# ------------------------------------------------- a scheme the user declares
+
+
+def test_an_invalid_event_id_pattern_warns_once_and_falls_back(caplog):
+    from opentelemetry.instrumentation.mcp_resumption import config
+
+    for value in ("evt(?P<counter>[0-9]+", "evt[0-9]+"):  # does not compile; no counter group
+        caplog.clear()
+        with caplog.at_level("WARNING", logger=config.__name__):
+            settings = config.load(env={config.EVENT_ID_PATTERN: value})
+        assert settings.event_id_pattern is None
+        [record] = caplog.records
+        assert config.EVENT_ID_PATTERN in record.getMessage()
+    declared = config.load(env={config.EVENT_ID_PATTERN: r"(?P<stream>\w+)\.(?P<counter>\d+)"})
+    assert declared.event_id_pattern.pattern == r"(?P<stream>\w+)\.(?P<counter>\d+)"
+
+
+@pytest.mark.parametrize("mode", ["observe", "enforce"])
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_declared_scheme_orders_what_the_shape_cannot(raw_server, flavour, mode):
+    """``evt12`` has no separator, so by its shape it is opaque; declared as
+    ``evt(?P<counter>[0-9]+)`` it orders, and a reset is found after one id."""
+    outcomes = {}
+    for pattern in (None, r"evt(?P<counter>[0-9]+)"):
+        session = f"d-{next(_paths)}".encode()
+        case = Case([
+            Exchange("GET", _mcp(session), _answer(session), [("evt12", note(12), None)]),
+            Exchange("GET", _resume(session, "evt12"), _answer(session),
+                     [("evt1", note(1, fresh=True), None)]),
+        ])
+        telemetry = Telemetry()
+        settings = {"event_id_pattern": pattern} if pattern else {}
+        with telemetry.instrumented(mode=mode, confirm_timeout=30, **settings):
+            seen = run(raw_server, flavour, case, mode)
+        outcomes[pattern] = (telemetry.outcomes(), telemetry.gap_kinds(), seen[-1].error)
+    assert outcomes[None] == ({"unverifiable": 1}, {}, None)
+    declared_outcomes, declared_gaps, error = outcomes[r"evt(?P<counter>[0-9]+)"]
+    assert declared_outcomes == {"gap": 1} and declared_gaps == {"id_regression": 1}
+    assert (error is not None) == (mode == "enforce")

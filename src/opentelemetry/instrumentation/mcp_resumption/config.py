@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ REPLAY_CONTRACT = "OTEL_PYTHON_MCP_RESUMPTION_REPLAY_CONTRACT"
 CONFIRM_TIMEOUT = "OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT"
 SESSION_ID = "OTEL_PYTHON_MCP_RESUMPTION_SESSION_ID"
 MAX_STREAMS = "OTEL_PYTHON_MCP_RESUMPTION_MAX_STREAMS"
+EVENT_ID_PATTERN = "OTEL_PYTHON_MCP_RESUMPTION_EVENT_ID_PATTERN"
 
 MODES = ("observe", "enforce")
 SESSION_ID_POLICIES = ("hash", "raw", "omit")
@@ -35,6 +37,9 @@ class Settings:
     confirm_timeout: float = 5.0
     session_id: str = "hash"
     max_streams: int = 10_000
+    # The servers' declared event-id scheme: a regex with a named group
+    # ``counter`` (decimal digits) and optionally ``stream``; None: inferred.
+    event_id_pattern: re.Pattern[str] | None = None
 
     @property
     def enforce(self) -> bool:
@@ -61,6 +66,27 @@ def _number(name: str, value: object, default: float, *, integer: bool) -> float
     return default
 
 
+def _pattern(name: str, value: object) -> re.Pattern[str] | None:
+    if isinstance(value, re.Pattern):
+        pattern = value
+    else:
+        try:
+            pattern = re.compile(str(value))
+        except re.error as error:
+            _logger.warning(
+                "%s=%r is not a regular expression (%s); event ids are classified by their shape",
+                name, value, error,
+            )
+            return None
+    if "counter" not in pattern.groupindex:
+        _logger.warning(
+            "%s=%r has no named group 'counter' (and optionally 'stream'); event ids are "
+            "classified by their shape", name, value,
+        )
+        return None
+    return pattern
+
+
 def load(
     overrides: Mapping[str, object] | None = None, env: Mapping[str, str] | None = None
 ) -> Settings:
@@ -83,6 +109,7 @@ def load(
     timeout = raw("confirm_timeout", CONFIRM_TIMEOUT)
     session_id = raw("session_id", SESSION_ID)
     max_streams = raw("max_streams", MAX_STREAMS)
+    pattern = raw("event_id_pattern", EVENT_ID_PATTERN)
     return Settings(
         mode=defaults.mode if mode is None else _choice(MODE, mode, MODES, defaults.mode),
         replay_contract=ReplayContract(
@@ -104,4 +131,5 @@ def load(
         max_streams=defaults.max_streams
         if max_streams is None
         else int(_number(MAX_STREAMS, max_streams, defaults.max_streams, integer=True)),
+        event_id_pattern=None if pattern is None else _pattern(EVENT_ID_PATTERN, pattern),
     )

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 __all__ = [
     "Cursor",
@@ -55,6 +56,7 @@ __all__ = [
     "Verdict",
     "compare_event_ids",
     "corroborated",
+    "parse_declared",
     "parse_event_id",
     "verify_resumption",
 ]
@@ -112,6 +114,10 @@ _EPOCH_DIGITS = (10, 13, 16, 19)
 _FRACTION_SEPARATORS = ".,"
 
 
+def _is_decimal(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 @dataclass(frozen=True)
 class EventId:
     """An SSE event id and the ordering evidence it carries, if any."""
@@ -122,6 +128,7 @@ class EventId:
     # A timestamp (opaque): two events in one tick share it, so an equal id
     # with other data is a tie, not a reuse.
     clock: bool = False
+    declared: bool = False  # parsed by the user's declared pattern
 
     @property
     def scheme(self) -> str:
@@ -156,6 +163,23 @@ def _is_date(head: str) -> bool:
         and head[5:7].isdigit()
         and head[:8].isascii()
     )
+
+
+def parse_declared(raw: str | None, pattern: Any) -> EventId | None:
+    """Classify one id by a scheme the user declared: ``pattern`` (a compiled
+    regex) with a named group ``counter`` of decimal digits and optionally
+    ``stream``; an id it does not match is opaque.  Declared ids order
+    without the session's history (:func:`corroborated` passes them)."""
+    if not raw or not isinstance(raw, str):
+        return None
+    if len(raw) > MAX_ORDERED_ID_LENGTH:
+        return EventId(raw)
+    match = pattern.fullmatch(raw)
+    digits = match.group("counter") if match else None
+    if not digits or len(digits) > MAX_COUNTER_DIGITS or not _is_decimal(digits):
+        return EventId(raw)
+    stream = match.groupdict().get("stream") or ""
+    return EventId(raw, f"declared:{stream}", int(digits), declared=True)
 
 
 def parse_event_id(raw: str | None) -> EventId | None:
@@ -209,7 +233,7 @@ def corroborated(cursor: EventId, history: Iterable[str]) -> EventId:
     one before, and none under that prefix with a tail that is not decimal.
     A random or hex tail is all digits now and then (``s-58302914``); one
     id cannot tell it from a counter, a short history of the stream can."""
-    if cursor.counter is None:
+    if cursor.counter is None or cursor.declared:
         return cursor
     prefix = cursor.prefix or ""
     last = -1

@@ -241,7 +241,11 @@ class ContinuityProcessor(SpanProcessor):
         **overrides: Any,
     ) -> None:
         self.settings = settings or config.load(overrides)
-        self.tracker = Tracker(self.settings.max_streams, self.settings.replay_contract)
+        self.tracker = Tracker(
+            self.settings.max_streams,
+            self.settings.replay_contract,
+            event_id_pattern=self.settings.event_id_pattern,
+        )
         self.enabled = True
         self._tracer = trace.get_tracer(
             sc.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider

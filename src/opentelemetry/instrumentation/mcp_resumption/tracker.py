@@ -30,12 +30,14 @@ from dataclasses import dataclass
 
 from .continuity import (
     Cursor,
+    EventId,
     Gap,
     ObservedEvent,
     ReplayContract,
     ResumeCheck,
     Verdict,
     corroborated,
+    parse_declared,
     parse_event_id,
 )
 from .jsonrpc import canonical_digest, is_message, responses_in
@@ -215,9 +217,17 @@ class Tracker:
         self,
         max_streams: int = 10_000,
         contract: ReplayContract = ReplayContract.EXCLUSIVE,
+        event_id_pattern: object | None = None,
     ) -> None:
         self.max_streams = max(1, max_streams)
         self.contract = contract
+        # A declared scheme (a compiled regex with a ``counter`` group)
+        # replaces the inference from the ids' shape.
+        self._parse: Callable[[str | None], EventId | None] = (
+            parse_event_id
+            if event_id_pattern is None
+            else (lambda raw, pattern=event_id_pattern: parse_declared(raw, pattern))
+        )
         self.evicted_streams = 0
         self.evicted_sessions = 0
         self._lock = threading.Lock()
@@ -319,12 +329,12 @@ class Tracker:
         previous: Stream | None,
         request_session_id: str | None,
     ) -> ResumeCheck:
-        cursor_id = parse_event_id(cursor_raw)
+        cursor_id = self._parse(cursor_raw)
         if previous is None:
             # Evicted or never seen: the request's own session header is the
             # only binding left, and nothing else can be proven (not even the
             # id's order: no history shows its scheme counting).
-            cursor = Cursor(corroborated(cursor_id, ()), session_id=request_session_id)
+            cursor = Cursor(EventId(cursor_raw), session_id=request_session_id)
             return ResumeCheck(cursor, self.contract)
         self._settle(previous)
         self._ended(previous)
@@ -346,7 +356,7 @@ class Tracker:
                 if lineage is None or lineage == previous.lineage:
                     pending[key] = method
             session.answered(pending)  # they are the resume's to settle now
-        carrier = parse_event_id(previous.last_received)
+        carrier = self._parse(previous.last_received)
         unconsumed_responses = {
             key: (pending.pop(key, ""), carrier) for key in previous.unconsumed_responses
         }
@@ -431,7 +441,7 @@ class Tracker:
                 event_id, digest, bool(responses) or unreadable
             ):
                 event = ObservedEvent(
-                    parse_event_id(event_id), digest, not data, responses, unreadable
+                    self._parse(event_id), digest, not data, responses, unreadable
                 )
                 step = self._run(check, lambda: check.on_event(event))
             if event_id is not None:
