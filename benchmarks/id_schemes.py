@@ -31,7 +31,10 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from opentelemetry.instrumentation.mcp_resumption.continuity import parse_event_id
+from opentelemetry.instrumentation.mcp_resumption.continuity import (
+    MAX_ORDERED_ID_LENGTH,
+    parse_event_id,
+)
 from opentelemetry.instrumentation.mcp_resumption.tracker import (
     MAX_KEPT_ID_LENGTH,
     STREAMABLE_HTTP,
@@ -200,14 +203,16 @@ def measure(scheme: Scheme, resumes: int, seed: int) -> tuple[Counter, Counter]:
 def adversarial_ids() -> list[str]:
     """Ids of at most the kept length built to make a backtracking parser
     work: long runs of separators, letters, digits and their mixtures."""
-    n = MAX_KEPT_ID_LENGTH
     runs = []
-    for unit in ("-", "a", "1", "a-", "a1", "-1", "1-", "a-1", ".", "1.", "é", " ", "_:"):
-        body = (unit * n)[: n - 1]
-        runs += [body, body + "x", body + "5", "a" + body[1:], body[:-1] + "-5"]
-    runs += ["9" * n, "9" * 40, "e-" + "9" * (n - 2), "a" + "-" * (n - 2) + "x"]
-    runs += ["f" * 32, "0" * 8 + "-" + "0" * 27, "1" * 13, "1.5" * (n // 3)]
-    return runs
+    # The longest ids the parser still looks into, and the longest kept.
+    for n in (MAX_ORDERED_ID_LENGTH, MAX_KEPT_ID_LENGTH):
+        for unit in ("-", "a", "1", "a-", "a1", "-1", "1-", "a-1", ".", "1.", "é", " ", "_:"):
+            body = (unit * n)[: n - 1]
+            runs += [body, body + "x", body + "5", "a" + body[1:], body[:-1] + "-5"]
+        runs += ["9" * n, "e-" + "9" * (n - 2), "a" + "-" * (n - 2) + "x", "1.5" * (n // 3)]
+        runs += ["a" + "-" * (n - 3) + "-x", "a1" * (n // 2 - 1) + "-", "a-" * (n // 2 - 1) + "-x"]
+    runs += ["9" * 40, "f" * 32, "0" * 8 + "-" + "0" * 27, "1" * 13]
+    return [raw for raw in runs if len(raw) <= MAX_KEPT_ID_LENGTH]
 
 
 def worst_parse_us(ids: list[str], repeats: int = 200) -> tuple[float, str]:
