@@ -23,7 +23,7 @@ from wrapt import wrap_function_wrapper
 from opentelemetry import trace
 
 from ..jsonrpc import requests_in
-from ..processor import RequestFacts, StreamContext, _request_attributes
+from ..processor import RequestFacts, StreamContext, _request_attributes, hop_scope
 from ..tracker import bounded_id
 from . import active, guarded
 
@@ -102,7 +102,12 @@ def request_facts(request: Any) -> RequestFacts | None:
                 legacy_session_id = bounded_id(params[name][0])
                 break
     protocol_version = _header(headers, "mcp-protocol-version")
-    mcp = bool(session_id or legacy_session_id or protocol_version)
+    # Inside the MCP SDK transport's reconnect loop (its patch opens the hop
+    # scope), a resume is MCP even before any session: an explicit
+    # resumption token is sent with no header that shows it.
+    mcp = bool(session_id or legacy_session_id or protocol_version) or (
+        last_event_id is not None and hop_scope.get() is not None
+    )
     method = request.method
     requests: list[tuple[str, str]] | None = []
     if method == "POST" and (mcp or "text/event-stream" in accept):
