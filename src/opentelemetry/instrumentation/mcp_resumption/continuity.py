@@ -251,11 +251,18 @@ def id_regression_rule(cursor: Cursor, first: ObservedEvent) -> Gap | None:
     )
 
 
+def reuses_id(seen: Mapping[str, int], event_id: str, digest: int) -> bool:
+    """``event_id`` was seen in this session with other data: what
+    :func:`id_reused_rule` proves, and what :meth:`ResumeCheck.event_matters`
+    must not skip."""
+    previous = seen.get(event_id)
+    return previous is not None and previous != digest
+
+
 def id_reused_rule(seen: Mapping[str, int], event: ObservedEvent) -> Gap | None:
     if event.event_id is None or event.is_marker:
         return None
-    previous = seen.get(event.event_id.raw)
-    if previous is None or previous == event.digest:
+    if not reuses_id(seen, event.event_id.raw, event.digest):
         return None
     return Gap(
         GapKind.ID_REUSED,
@@ -472,10 +479,11 @@ class ResumeCheck:
         if self.verdict is None:
             return True
         self._after_verdict += 1
+        # What the rules of a later event look at (``_later_event``): its
+        # responses, and a reused id.
         if has_responses:
             return True
-        previous = self._seen.get(event_id) if event_id is not None else None
-        if previous is not None and previous != digest:
+        if event_id is not None and reuses_id(self._seen, event_id, digest):
             return True
         return not self._pending and self._after_verdict >= self._watch
 
