@@ -301,8 +301,9 @@ def test_string_ids_pass_only_on_proven_order(cursor, first, passes):
 
 @settings(max_examples=400, derandomize=True, deadline=None)
 @given(
-    session=st.sampled_from(["s-1", "s-2"]),
-    answered=st.sampled_from(["s-1", "s-2"]),
+    # None and "" too: the seed compares them as given, no session as a session.
+    session=st.sampled_from(["s-1", "s-2", "", None]),
+    answered=st.sampled_from(["s-1", "s-2", "", None]),
     cursor=st.integers(min_value=0, max_value=10**40 - 1),
     first=st.one_of(
         st.none(),
