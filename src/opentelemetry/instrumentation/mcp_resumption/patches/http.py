@@ -15,7 +15,6 @@ import sys
 import weakref
 from contextlib import nullcontext
 from typing import Any
-from urllib.parse import parse_qs
 
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from wrapt import wrap_function_wrapper
@@ -23,7 +22,7 @@ from wrapt import wrap_function_wrapper
 from opentelemetry import trace
 
 from ..jsonrpc import MAX_PARSED_BYTES, requests_in
-from ..processor import RequestFacts, StreamContext, _request_attributes
+from ..processor import RequestFacts, StreamContext, _request_attributes, legacy_session_in_query
 from ..tracker import bounded_id
 from . import active, guarded
 
@@ -65,13 +64,7 @@ def request_facts(request: Any) -> RequestFacts | None:
     accept = headers.get("accept", "")
     url = request.url
     query = url.query.decode("ascii", "replace") if isinstance(url.query, bytes) else url.query
-    legacy_session_id = None
-    if query and "ession" in query:
-        params = parse_qs(query)
-        for name in ("sessionId", "session_id"):
-            if params.get(name):
-                legacy_session_id = bounded_id(params[name][0])
-                break
+    legacy_session_id = legacy_session_in_query(query) if query else None
     if not (last_event_id or session_id or legacy_session_id or "text/event-stream" in accept):
         return None
     method = request.method
