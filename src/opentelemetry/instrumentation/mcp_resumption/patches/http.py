@@ -17,7 +17,6 @@ from contextlib import nullcontext
 from typing import Any
 
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
-from wrapt import wrap_function_wrapper
 
 from opentelemetry import trace
 
@@ -216,6 +215,8 @@ async def _aclose(wrapped, instance, args, kwargs):
     return await wrapped(*args, **kwargs)
 
 
+# What McpResumptionInstrumentor.instrument() wraps in httpx and in httpx2
+# (with patches.wrap_targets, as each library is imported).
 TARGETS = (
     ("Client.send", _send),
     ("AsyncClient.send", _async_send),
@@ -223,12 +224,3 @@ TARGETS = (
     ("Response.aclose", _aclose),
 )
 
-
-def instrument(module: Any) -> list[tuple[Any, str]]:
-    """Patch ``module`` (httpx or httpx2); returns what was patched."""
-    patched = []
-    for target, wrapper in TARGETS:
-        class_name, method = target.split(".")
-        wrap_function_wrapper(module, target, wrapper)
-        patched.append((getattr(module, class_name), method))
-    return patched
