@@ -334,25 +334,6 @@ def test_verify_resumption_fails_closed_where_ids_stop_being_ordered(cursor, fir
         verify_resumption(StreamCursor("s-1", cursor), "s-1", first)
 
 
-# Inputs within the kept length on which a backtracking pattern for
-# "prefix + separator + counter" took 60-270 us a parse (benign ids: ~1 us).
-ADVERSARIAL_IDS = ["a1" * 64, "a-" * 64, "a" * 64 + "-" * 63 + "x", "1" * 127 + "x",
-                   "a" + "-" * 80 + "1" * 41 + "x", "x" + "-:" * 63 + "7", " a" * 64]
-
-
-@pytest.mark.parametrize("raw", ADVERSARIAL_IDS, ids=range(len(ADVERSARIAL_IDS)))
-def test_no_id_parse_takes_more_than_20_us(raw):
-    # The best of many runs: a noisy machine only ever adds time.
-    best = min(_timed(parse_event_id, raw) for _ in range(200))
-    assert best < 20e-6, f"{best * 1e6:.1f} us for {raw[:24]!r}..."
-
-
-def _timed(function, argument) -> float:
-    started = time.perf_counter()
-    function(argument)
-    return time.perf_counter() - started
-
-
 # ---------------------------------------------------------- the skip filter
 # The tracker builds an event and runs the rules on it only where
 # ``event_matters`` says yes.  Skipping must never change what the rules
@@ -366,6 +347,7 @@ _SKIP_EVENTS = st.lists(
         st.integers(0, 2),  # the digest: 0 and 1 are what "3" and "4" were seen with
         st.booleans(),  # a marker
         st.lists(st.sampled_from(["1", "2", "99"]), max_size=2, unique=True),
+        st.booleans(),  # unreadable: it may answer requests, nobody knows which
     ),
     max_size=12,
 )
@@ -398,11 +380,13 @@ def _skip_check(
 def test_events_event_matters_skips_change_no_gap_and_no_verdict(cursor, pending, contract, events):
     skipping, skipping_seen = _skip_check(cursor, pending, contract)
     every, every_seen = _skip_check(cursor, pending, contract)
-    for raw, digest, marker, responses in events:
-        event = ObservedEvent(parse_event_id(raw), digest, marker, tuple(responses))
-        if skipping.event_matters(raw, digest, bool(responses)):
+    for raw, digest, marker, responses, unreadable in events:
+        event = ObservedEvent(parse_event_id(raw), digest, marker, tuple(responses), unreadable)
+        # As the tracker asks: an unreadable event may carry responses.
+        carries = bool(responses) or unreadable
+        if skipping.event_matters(raw, digest, carries):
             skipping.on_event(event)
-        every.event_matters(raw, digest, bool(responses))  # it counts the events
+        every.event_matters(raw, digest, carries)  # it counts the events
         every.on_event(event)
         if raw is not None and not marker:  # the tracker remembers what it saw
             skipping_seen[raw] = every_seen[raw] = digest

@@ -28,6 +28,11 @@ def note(n: int) -> str:
     return json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"n": n}})
 
 
+def restarted(n: int) -> str:
+    return json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                       "params": {"n": n, "restarted": True}})
+
+
 def echo(ids: list[str], *, hold: bool = False, data=note):
     """A script answering under the request's own session with ``ids``."""
 
@@ -44,9 +49,11 @@ def routes(raw_server):
     """The replies every test of this module and its programs read."""
     server = raw_server
     server.on("/first", echo(["1", "2", "3"]))
-    server.on("/reset", echo(["1"]))
+    # A reset counter numbers new events from 1 again: new data under an old
+    # id (the same data again would be a duplicate, not a reset).
+    server.on("/reset", echo(["1"], data=restarted))
     server.on("/fork/first", echo(["1", "2", "3"]))
-    server.on("/fork/reset", echo(["1"]))
+    server.on("/fork/reset", echo(["1"], data=restarted))
     server.on("/fork/silent", echo([], hold=True))
     server.on("/shutdown/first", echo(["1", "2"]))
     server.on("/shutdown/silent", echo([], hold=True))
