@@ -32,20 +32,22 @@ else:
 SESSION = "smoke-1"
 
 
-def event(event_id: int) -> bytes:
-    data = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"n": event_id}}
+def event(event_id: int, generation: int = 0) -> bytes:
+    params = {"n": event_id, "generation": generation}
+    data = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
     return f"id: {event_id}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 async def plain_sse(request: Request) -> StreamingResponse:
     """Events 1..3; after ``Last-Event-ID: 3``, 4 and 5 (a faithful resume);
-    after ``Last-Event-ID: 5``, 1 and 2 again (a counter that was reset)."""
+    after ``Last-Event-ID: 5``, new events 1 and 2 (a counter that was reset;
+    the same events again would be redelivery)."""
     last = request.headers.get("last-event-id")
     ids = {None: (1, 2, 3), "3": (4, 5), "5": (1, 2)}[last]
 
     async def body():
         for event_id in ids:
-            yield event(event_id)
+            yield event(event_id, generation=1 if last == "5" else 0)
             await asyncio.sleep(0)
 
     headers = {"mcp-session-id": SESSION}
