@@ -1,85 +1,8 @@
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pytest
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-
-class Telemetry:
-    """SDK providers with in-memory exporters, and readers for the tests."""
-
-    def __init__(self, sampler=None) -> None:
-        self.spans = InMemorySpanExporter()
-        kwargs = {"sampler": sampler} if sampler is not None else {}
-        self.tracer_provider = TracerProvider(**kwargs)
-        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.metric_reader = InMemoryMetricReader()
-        self.meter_provider = MeterProvider(metric_readers=[self.metric_reader])
-        self.logs = InMemoryLogRecordExporter()
-        self.logger_provider = LoggerProvider()
-        self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.logs))
-
-    @contextlib.contextmanager
-    def instrumented(self, **settings) -> Iterator[object]:
-        """Our instrumentation on these providers, removed on exit."""
-        from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
-
-        instrumentor = McpResumptionInstrumentor()
-        instrumentor.instrument(**self.providers(), **settings)
-        try:
-            yield instrumentor
-        finally:
-            instrumentor.uninstrument()
-
-    def providers(self) -> dict:
-        return {
-            "tracer_provider": self.tracer_provider,
-            "meter_provider": self.meter_provider,
-            "logger_provider": self.logger_provider,
-        }
-
-    def points(self, name: str) -> list:
-        data = self.metric_reader.get_metrics_data()
-        found = []
-        for resource_metrics in data.resource_metrics if data else ():
-            for scope_metrics in resource_metrics.scope_metrics:
-                for metric in scope_metrics.metrics:
-                    if metric.name == name:
-                        found.extend(metric.data.data_points)
-        return found
-
-    def counts(self, name: str, attribute: str) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        for point in self.points(name):
-            key = point.attributes.get(attribute)
-            totals[key] = totals.get(key, 0) + int(point.value)
-        # The 0 points every server starts with (ContinuityProcessor.server_seen)
-        # are series, not counts.
-        return {key: total for key, total in totals.items() if total}
-
-    def gap_kinds(self) -> dict[str, int]:
-        return self.counts("mcp.client.resumption.gaps", "mcp.resumption.gap.kind")
-
-    def outcomes(self) -> dict[str, int]:
-        return self.counts("mcp.client.resumption.attempts", "mcp.resumption.outcome")
-
-    def gap_logs(self) -> list:
-        return [
-            record
-            for record in self.logs.get_finished_logs()
-            if getattr(record.log_record, "event_name", None) == "resumption.gap"
-        ]
-
-    def resume_spans(self) -> list:
-        return [span for span in self.spans.get_finished_spans() if span.name == "mcp.resume"]
+from helpers import Telemetry
 
 
 @pytest.fixture
@@ -100,3 +23,14 @@ def server():
 def instrumented(telemetry):
     with telemetry.instrumented(confirm_timeout=2) as instrumentor:
         yield instrumentor
+
+
+@pytest.fixture(scope="module")
+def raw_server():
+    """A :class:`fuzz_sse.RawServer` on 127.0.0.1 for the module: each path
+    answers with the exact bytes a test scripts for it (``on`` / ``reply``)."""
+    from fuzz_sse import RawServer
+
+    running = RawServer()
+    yield running
+    running.close()

@@ -40,14 +40,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from opentelemetry.instrumentation.utils import suppress_instrumentation
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from helpers import Telemetry
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 from opentelemetry.instrumentation.mcp_resumption import patches as patches_module
 
@@ -423,54 +417,7 @@ def mock_transport(flavour: str, status: int, headers, chunks: tuple[bytes, ...]
     return lib.MockTransport(handler)
 
 
-# ================================================================ telemetry
-
-
-class Telemetry:
-    def __init__(self) -> None:
-        self.spans = InMemorySpanExporter()
-        self.tracer_provider = TracerProvider()
-        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.metric_reader = InMemoryMetricReader()
-        self.meter_provider = MeterProvider(metric_readers=[self.metric_reader])
-        self.logs = InMemoryLogRecordExporter()
-        self.logger_provider = LoggerProvider()
-        self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.logs))
-
-    def providers(self) -> dict:
-        return {
-            "tracer_provider": self.tracer_provider,
-            "meter_provider": self.meter_provider,
-            "logger_provider": self.logger_provider,
-        }
-
-    def points(self, name: str) -> list:
-        data = self.metric_reader.get_metrics_data()
-        found = []
-        for resource_metrics in data.resource_metrics if data else ():
-            for scope_metrics in resource_metrics.scope_metrics:
-                for metric in scope_metrics.metrics:
-                    if metric.name == name:
-                        found.extend(metric.data.data_points)
-        return found
-
-    def counts(self, name: str, attribute: str | None = None) -> dict[object, int]:
-        totals: dict[object, int] = {}
-        for point in self.points(name):
-            key = point.attributes.get(attribute) if attribute else None
-            totals[key] = totals.get(key, 0) + int(point.value)
-        # the 0 points every server starts with are series, not counts
-        return {key: total for key, total in totals.items() if total}
-
-    def gap_kinds(self) -> dict[str, int]:
-        return self.counts("mcp.client.resumption.gaps", "mcp.resumption.gap.kind")
-
-    def outcomes(self) -> dict[str, int]:
-        return self.counts("mcp.client.resumption.attempts", "mcp.resumption.outcome")
-
-    def shutdown(self) -> None:
-        for provider in (self.tracer_provider, self.meter_provider, self.logger_provider):
-            provider.shutdown()
+# ================================================================ logs
 
 
 class _Records(logging.Handler):

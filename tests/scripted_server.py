@@ -8,6 +8,7 @@ and where the stream ends, the way a misbehaving server would.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -77,3 +78,22 @@ class ScriptedServer:
     def close(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+
+# ------------------------------------------------ seed 000, as scripts
+
+
+def notification(n: int) -> str:
+    return json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"n": n}})
+
+
+def legacy_stream(request, body):
+    """A 2024-11-05 SSE stream: the session in the endpoint event, ids 4817..4821."""
+    events = [sse(event="endpoint", data="/messages/?session_id=legacy-abc")]
+    events += [sse(str(n), notification(n)) for n in range(4817, 4822)]
+    return 200, {}, events
+
+
+def fresh_session(request, body):
+    """Seed 000's migrated server: a fresh session counting from 1."""
+    return 200, {"mcp-session-id": "fresh-1"}, [sse(str(n), notification(n)) for n in (1, 2)]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_instrumentation_httpx_sse import fresh_session, legacy_stream
+from scripted_server import fresh_session, legacy_stream
 
 PROGRAM = Path(__file__).parent / "programs" / "seed000_client.py"
 

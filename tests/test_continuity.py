@@ -1,4 +1,5 @@
-"""Event-id parsing and ordering, and the seed-compatible ``verify_resumption``.
+"""Event-id parsing and ordering, the seed-compatible ``verify_resumption``,
+and the skip filter ``ResumeCheck.event_matters`` against the rules.
 
 Event ids are opaque strings: integers and a fixed prefix plus a counter order
 within one prefix, everything else is opaque (README, "How it decides").  The
@@ -18,8 +19,11 @@ from hypothesis import strategies as st
 
 from opentelemetry.instrumentation.mcp_resumption.continuity import (
     MAX_ORDERED_ID_LENGTH,
+    Cursor,
     EventId,
-    ResumeCursorRaceError,
+    ObservedEvent,
+    ReplayContract,
+    ResumeCheck,
     ResumptionGapError,
     StreamCursor,
     compare_event_ids,
@@ -253,13 +257,6 @@ def test_comparison_is_antisymmetric_and_prefix_bound(a, b):
 # ------------------------------------------------- the seed-compatible check
 
 
-def test_error_hierarchy():
-    assert issubclass(ResumptionGapError, RuntimeError)
-    assert issubclass(ResumeCursorRaceError, ResumptionGapError)
-    with pytest.raises(ResumptionGapError):
-        raise ResumeCursorRaceError("e-104 received, never consumed, replay started at e-105")
-
-
 def test_seed_000_changed_session_raises():
     with pytest.raises(ResumptionGapError, match="session id changed"):
         verify_resumption(StreamCursor("sess-legacy-1", 4821), "fresh-9f2", 4822)
@@ -304,8 +301,9 @@ def test_string_ids_pass_only_on_proven_order(cursor, first, passes):
 
 @settings(max_examples=400, derandomize=True, deadline=None)
 @given(
-    session=st.sampled_from(["s-1", "s-2"]),
-    answered=st.sampled_from(["s-1", "s-2"]),
+    # None and "" too: the seed compares them as given, no session as a session.
+    session=st.sampled_from(["s-1", "s-2", "", None]),
+    answered=st.sampled_from(["s-1", "s-2", "", None]),
     cursor=st.integers(min_value=0, max_value=10**40 - 1),
     first=st.one_of(
         st.none(),
@@ -334,3 +332,79 @@ def test_verify_resumption_fails_closed_where_ids_stop_being_ordered(cursor, fir
     assert not _seed_raises("s-1", cursor, "s-1", first)
     with pytest.raises(ResumptionGapError, match="no ordering evidence"):
         verify_resumption(StreamCursor("s-1", cursor), "s-1", first)
+
+
+# ---------------------------------------------------------- the skip filter
+# The tracker builds an event and runs the rules on it only where
+# ``event_matters`` says yes.  Skipping must never change what the rules
+# find: one check fed as the tracker feeds it and one fed every event give
+# the same gaps and the same final verdict.
+
+_SKIP_IDS = st.sampled_from([None, "3", "4", "5", "6", "e-5", "x"])
+_SKIP_EVENTS = st.lists(
+    st.tuples(
+        _SKIP_IDS,
+        st.integers(0, 2),  # the digest: 0 and 1 are what "3" and "4" were seen with
+        st.booleans(),  # a marker
+        st.lists(st.sampled_from(["1", "2", "99"]), max_size=2, unique=True),
+        st.booleans(),  # unreadable: it may answer requests, nobody knows which
+    ),
+    max_size=12,
+)
+
+
+def _skip_check(
+    cursor: str, pending: list[str], contract: ReplayContract
+) -> tuple[ResumeCheck, dict[str, int]]:
+    """A check of a resume from ``cursor``, and the session's seen ids it reads."""
+    seen = {"3": 0, "4": 1}
+    sent = {"1", "2"}  # "99" was never sent here: a foreign response
+    check = ResumeCheck(
+        Cursor(parse_event_id(cursor), session_id="s-1", known=True),
+        contract,
+        seen=seen,
+        pending={rid: "tools/call" for rid in pending},
+        sent_by_session=sent.__contains__,
+        watch=3,
+    )
+    return check, seen
+
+
+@settings(max_examples=400, derandomize=True, deadline=None)
+@given(
+    cursor=st.sampled_from(["4", "e-4", "x"]),
+    pending=st.lists(st.sampled_from(["1", "2"]), unique=True),
+    contract=st.sampled_from(list(ReplayContract)),
+    events=_SKIP_EVENTS,
+)
+def test_events_event_matters_skips_change_no_gap_and_no_verdict(cursor, pending, contract, events):
+    skipping, skipping_seen = _skip_check(cursor, pending, contract)
+    every, every_seen = _skip_check(cursor, pending, contract)
+    for raw, digest, marker, responses, unreadable in events:
+        event = ObservedEvent(parse_event_id(raw), digest, marker, tuple(responses), unreadable)
+        # As the tracker asks: an unreadable event may carry responses.
+        carries = bool(responses) or unreadable
+        if skipping.event_matters(raw, digest, carries):
+            skipping.on_event(event)
+        every.event_matters(raw, digest, carries)  # it counts the events
+        every.on_event(event)
+        if raw is not None and not marker:  # the tracker remembers what it saw
+            skipping_seen[raw] = every_seen[raw] = digest
+    for check in (skipping, every):
+        check.on_end("eof")
+        check.release()
+        check.lineage_over()
+    assert skipping.gaps == every.gaps
+    assert skipping.verdict == every.verdict
+    assert (skipping.closed, skipping.final) == (every.closed, every.final)
+
+
+def test_the_skip_filter_test_skips_events():
+    # The property above is not empty: some events are skipped (a verdict
+    # given, an event with nothing for the rules), and yet gaps are found.
+    check, _ = _skip_check("4", [], ReplayContract.EXCLUSIVE)
+    check.on_event(ObservedEvent(parse_event_id("5"), 2))
+    assert check.verdict is not None and not check.gaps
+    assert not check.event_matters("6", 2, False)  # a new id, no response
+    assert check.event_matters("3", 2, False)  # seen with other data: id_reused
+    assert check.event_matters("7", 2, True)  # a response: answered or foreign

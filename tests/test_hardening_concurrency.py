@@ -22,7 +22,8 @@ import httpx2
 import httpx_sse
 import pytest
 
-from fuzz_sse import TLS, RawRequest, RawServer, Reply, Telemetry, block, framed, head
+from fuzz_sse import TLS, RawRequest, Reply, block, framed, head
+from helpers import Telemetry
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 
 FIRST_EVENTS = 5  # every first stream: ids 1..5 (the same ids in every session), then it breaks
@@ -180,13 +181,6 @@ def instrumented(socket_io):
         socket_io["lock"] = None
         instrumentor.uninstrument()
         telemetry.shutdown()
-
-
-@pytest.fixture
-def raw_server():
-    server = RawServer()
-    yield server
-    server.close()
 
 
 def plan(seed: int, count: int) -> list[str]:

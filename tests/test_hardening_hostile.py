@@ -27,7 +27,6 @@ from fuzz_sse import (
     Harness,
     RawServer,
     Reply,
-    Telemetry,
     block,
     consume,
     head,
@@ -36,17 +35,11 @@ from fuzz_sse import (
     run_fuzz,
     sse_reply,
 )
+from helpers import Telemetry
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 from opentelemetry.instrumentation.mcp_resumption import patches as patches_module
 
 ACCEPT = (b"accept", b"text/event-stream")
-
-
-@pytest.fixture(scope="module")
-def raw_server():
-    server = RawServer()
-    yield server
-    server.close()
 
 
 def note(n: int) -> str:

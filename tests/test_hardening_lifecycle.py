@@ -14,7 +14,8 @@ import httpx2
 import httpx_sse
 import pytest
 
-from fuzz_sse import RawRequest, RawServer, Reply, Telemetry, block, consume, head
+from fuzz_sse import RawRequest, Reply, block, consume, head
+from helpers import Telemetry
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 from opentelemetry.instrumentation.mcp_resumption.patches import active
 
@@ -43,9 +44,10 @@ def echo(ids: list[str], *, hold: bool = False, data=note):
     return answer
 
 
-@pytest.fixture(scope="module")
-def raw_server():
-    server = RawServer()
+@pytest.fixture(scope="module", autouse=True)
+def routes(raw_server):
+    """The replies every test of this module and its programs read."""
+    server = raw_server
     server.on("/first", echo(["1", "2", "3"]))
     # A reset counter numbers new events from 1 again: new data under an old
     # id (the same data again would be a duplicate, not a reset).
@@ -56,8 +58,6 @@ def raw_server():
     server.on("/shutdown/first", echo(["1", "2"]))
     server.on("/shutdown/silent", echo([], hold=True))
     server.on("/shutdown/ongoing", echo(["3", "4"], hold=True))
-    yield server
-    server.close()
 
 
 # ------------------------------------------------ instrument / uninstrument

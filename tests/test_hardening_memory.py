@@ -9,7 +9,8 @@ import tracemalloc
 
 import pytest
 
-from fuzz_sse import RawServer, Reply, Telemetry, block, consume, framed, head
+from fuzz_sse import Reply, block, consume, framed, head
+from helpers import Telemetry
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 from opentelemetry.instrumentation.mcp_resumption.tracker import Tracker
 
@@ -77,13 +78,6 @@ def test_hostile_id_lengths_do_not_grow_what_is_remembered():
 
 
 # -------------------------------------------------- through the instrumentor
-
-
-@pytest.fixture(scope="module")
-def raw_server():
-    server = RawServer()
-    yield server
-    server.close()
 
 
 def stream_script(session: str, ids: list[str], *, broken: bool = False) -> Reply:

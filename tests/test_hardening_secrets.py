@@ -19,7 +19,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from fuzz_sse import RawServer, Reply, Telemetry, block, consume, head
+from fuzz_sse import RawServer, Reply, block, consume, head
+from helpers import Telemetry
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 from opentelemetry.instrumentation.mcp_resumption import semconv as sc
 from opentelemetry.instrumentation.mcp_resumption.processor import ContinuityProcessor, RequestFacts
@@ -191,10 +192,9 @@ PLANTED_QUERY = "token=QUERY-5ecret-bearer"
 
 
 @contextlib.contextmanager
-def observed_server(policy: str) -> Iterator[tuple[RawServer, Telemetry]]:
-    """A raw loopback server and the instrumentation on in-memory providers,
-    session ids hashed (``default``) or ``raw``; all closed afterwards."""
-    server = RawServer()
+def observed_server(server: RawServer, policy: str) -> Iterator[tuple[RawServer, Telemetry]]:
+    """The raw loopback server and the instrumentation on in-memory providers,
+    session ids hashed (``default``) or ``raw``; removed afterwards."""
     telemetry = Telemetry()
     instrumentor = McpResumptionInstrumentor()
     settings = {"session_id": policy} if policy in ("raw", "omit") else {}
@@ -204,16 +204,15 @@ def observed_server(policy: str) -> Iterator[tuple[RawServer, Telemetry]]:
     finally:
         instrumentor.uninstrument()
         telemetry.shutdown()
-        server.close()
 
 
 @pytest.mark.parametrize("policy", ["default", "raw"])
-def test_planted_secrets_stay_out_of_every_export(policy):
+def test_planted_secrets_stay_out_of_every_export(raw_server, policy):
     """A legacy stream (session in the endpoint's query), POSTs with the
     session in the query, a streamable session, secrets in every event's
     data; resumes that gap and resumes that do not.  The control: asked for
     raw session ids, the scan finds them (and nothing else)."""
-    with observed_server(policy) as (server, telemetry):
+    with observed_server(raw_server, policy) as (server, telemetry):
         sse = (b"content-type", b"text/event-stream")
         endpoint = f"/messages/?session_id={PLANTED_LEGACY}&{PLANTED_QUERY}"
         note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
@@ -253,12 +252,12 @@ def test_planted_secrets_stay_out_of_every_export(policy):
 
 
 @pytest.mark.parametrize("policy", ["default", "raw"])
-def test_session_ids_inside_event_ids_are_scrubbed(policy):
+def test_session_ids_inside_event_ids_are_scrubbed(raw_server, policy):
     """Event ids that embed the session id, seed 004's ``s-77:e-104`` shape,
     for a long and a short session id: the cursor, the first replayed id and
     the gap messages that quote them carry the session only as the session
     attribute does.  The control: asked for raw session ids, they are there."""
-    with observed_server(policy) as (server, telemetry):
+    with observed_server(raw_server, policy) as (server, telemetry):
         sse = (b"content-type", b"text/event-stream")
         note = json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}})
         sessions = {"long": "PREFIXED-5ecret-0b5e55ed", "short": "s-77"}
@@ -291,7 +290,7 @@ def test_session_ids_inside_event_ids_are_scrubbed(policy):
 
 
 @pytest.mark.parametrize("policy", ["default", "omit"])
-def test_tokens_cookies_urls_and_long_ids_stay_out(policy):
+def test_tokens_cookies_urls_and_long_ids_stay_out(raw_server, policy):
     """With the HTTP client spans of opentelemetry-instrumentation-httpx: a
     bearer token whose stray newline makes httpx raise (its message quotes the
     header), a cookie, a legacy POST whose URL carries the session id, and a
@@ -301,7 +300,7 @@ def test_tokens_cookies_urls_and_long_ids_stay_out(policy):
 
     token, cookie = "sk-live-T0KEN-5ecret-abcdef", "sid=COOKIE-5ecret-1234"
     long_tail = "x" * 200
-    with observed_server(policy) as (server, telemetry):
+    with observed_server(raw_server, policy) as (server, telemetry):
         HTTPXClientInstrumentor().instrument(tracer_provider=telemetry.tracer_provider)
         try:
             sse = (b"content-type", b"text/event-stream")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz_sse import RawServer, Reply, block, head
+from fuzz_sse import Reply, block, head
 
 PROGRAMS = Path(__file__).parent / "programs"
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -24,9 +24,10 @@ def note(n: int) -> str:
     return json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"n": n}})
 
 
-@pytest.fixture(scope="module")
-def raw_server():
-    server = RawServer()
+@pytest.fixture(scope="module", autouse=True)
+def routes(raw_server):
+    """The replies the programs of this module read."""
+    server = raw_server
     events = tuple(block(str(i), note(i)) for i in (1, 2, 3))
     server.reply("/cycle/stream", Reply(head(200, [(b"content-type", b"text/event-stream")]),
                                         events, False))
@@ -36,8 +37,6 @@ def raw_server():
         session = [(b"content-type", b"text/event-stream"), (b"mcp-session-id", b"late-session-1")]
         events = tuple(block(i, note(base + int(i))) for i in ids)
         server.reply(path, Reply(head(200, session), events))
-    yield server
-    server.close()
 
 
 def _env(server_url: str) -> dict:

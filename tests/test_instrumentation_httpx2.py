@@ -6,9 +6,7 @@ import asyncio
 
 import httpx2
 
-from test_instrumentation_httpx_sse import fresh_session, legacy_stream, notification
-
-from scripted_server import sse
+from scripted_server import fresh_session, legacy_stream, notification, sse
 
 
 def test_seed_000_migration_reset_async(server, instrumented, telemetry):

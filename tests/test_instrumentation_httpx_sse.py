@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import httpx_sse
 
-from scripted_server import sse
-
-
-def notification(n: int) -> str:
-    return json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"n": n}})
-
-
-def legacy_stream(request, body):
-    events = [sse(event="endpoint", data="/messages/?session_id=legacy-abc")]
-    events += [sse(str(n), notification(n)) for n in range(4817, 4822)]
-    return 200, {}, events
-
-
-def fresh_session(request, body):
-    return 200, {"mcp-session-id": "fresh-1"}, [sse(str(n), notification(n)) for n in (1, 2)]
+from scripted_server import fresh_session, legacy_stream, notification, sse
 
 
 def test_seed_000_migration_reset_async(server, instrumented, telemetry):

@@ -12,15 +12,14 @@ import pytest
 from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
-from conftest import Telemetry
+from helpers import Telemetry
 from opentelemetry.instrumentation.mcp_resumption import (
     McpResumptionInstrumentor,
     ResumeCursorRaceError,
     ResumptionGapError,
 )
-from test_instrumentation_httpx_sse import fresh_session, legacy_stream
 
-from scripted_server import sse
+from scripted_server import fresh_session, legacy_stream, sse
 
 
 def seed_000_client(server) -> list[str]:
@@ -130,9 +129,13 @@ def test_enforce_mode_drain_race_raises_the_race_error(server, telemetry):
         headers = {"mcp-session-id": "s-77", "last-event-id": "e-104"}
         with (
             httpx_sse.connect_sse(http, "GET", "/stream", headers=headers) as source,
-            pytest.raises(ResumeCursorRaceError),
+            pytest.raises(ResumptionGapError) as raised,
         ):
             list(source.iter_sse())
+    # What a host catches: every enforced gap is a ResumptionGapError (a
+    # RuntimeError, as in seed 000), and a drain race is the race error.
+    assert type(raised.value) is ResumeCursorRaceError
+    assert isinstance(raised.value, RuntimeError)
     assert telemetry.gap_kinds() == {"drain_race": 1, "orphaned_request": 1}
     [log] = [r for r in telemetry.gap_logs() if r.log_record.attributes.get("jsonrpc.request.id")]
     assert log.log_record.attributes["jsonrpc.request.id"] == "7"

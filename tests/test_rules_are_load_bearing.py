@@ -1,14 +1,14 @@
 """Every rule in continuity.py decides at least one seed scenario: with the
 rule turned into a no-op, some scenario of test_tracker reports a different
-set of gap kinds."""
+set of gap kinds (tracker_scenarios)."""
 
 from __future__ import annotations
 
 import pytest
 
 from opentelemetry.instrumentation.mcp_resumption import continuity
-from opentelemetry.instrumentation.mcp_resumption.continuity import ResumeCheck
-from test_tracker import SCENARIOS
+from opentelemetry.instrumentation.mcp_resumption.continuity import GapKind, ResumeCheck
+from tracker_scenarios import SCENARIOS
 
 KIND_OF_RULE = {
     "session_changed_rule": "session_changed",
@@ -46,10 +46,27 @@ def _disable(monkeypatch: pytest.MonkeyPatch, rule: str) -> None:
     monkeypatch.setattr(ResumeCheck, "_settle_unconsumed", settle_none)
 
 
-def test_every_rule_is_named_in_continuity():
-    for rule in RULES:
-        assert callable(getattr(continuity, rule))
+def test_every_gap_kind_has_one_rule_and_every_rule_reports_its_own_kind(monkeypatch):
+    # Every rule of continuity.py is in RULES (so the test below covers it),
+    # one rule to a gap kind ...
     assert {name for name in vars(continuity) if name.endswith("_rule")} == set(RULES)
+    assert sorted(KIND_OF_RULE.values()) == sorted(kind.value for kind in GapKind)
+    # ... and, over the scenarios, each rule proves gaps of its kind only.
+    reported: dict[str, set[str]] = {rule: set() for rule in RULES}
+
+    def recording(rule: str, original):
+        def call(*args, **kwargs):
+            gap = original(*args, **kwargs)
+            if gap is not None:
+                reported[rule].add(gap.kind.value)
+            return gap
+
+        return call
+
+    for rule in RULES:
+        monkeypatch.setattr(continuity, rule, recording(rule, getattr(continuity, rule)))
+    _kinds()
+    assert reported == {rule: {kind} for rule, kind in KIND_OF_RULE.items()}
 
 
 @pytest.mark.parametrize("rule", RULES)

@@ -415,7 +415,7 @@ HOPS = ((307, False), (308, False), (302, True), (200, False))
 def run_through_the_processor(s: Scenario, hops: list[tuple[int, bool]]):
     """As ``run``, through the processor's own entry points as the patches
     drive them, with ``hops`` answering the resume before its real answer."""
-    from conftest import Telemetry
+    from helpers import Telemetry
     from opentelemetry.instrumentation.mcp_resumption.processor import (
         ContinuityProcessor,
         RequestFacts,

@@ -19,21 +19,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conftest import Telemetry
 from fuzz_sse import FLAVOURS, RawServer, Reply, block, consume, head, package_log
+from helpers import Telemetry
 
 SSE_TYPE = (b"content-type", b"text/event-stream")
 ACCEPT = (b"accept", b"text/event-stream, application/json")
 PROTOCOL = (b"mcp-protocol-version", b"2025-11-25")
 BIG = 70 * 1024  # over the 64 KiB the plugin parses
 _paths = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def raw_server():
-    server = RawServer()
-    yield server
-    server.close()
 
 
 def note(n: int, **extra) -> str:

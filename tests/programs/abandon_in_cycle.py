@@ -21,7 +21,8 @@ import threading
 import httpx
 import httpx_sse
 
-from fuzz_sse import TLS, Telemetry
+from fuzz_sse import TLS
+from helpers import Telemetry
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 
 URL = os.environ["HARDENING_SERVER_URL"]

@@ -21,7 +21,8 @@ import traceback
 
 import httpx
 
-from fuzz_sse import TLS, Telemetry, consume
+from fuzz_sse import TLS, consume
+from helpers import Telemetry
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 
 URL = os.environ["HARDENING_SERVER_URL"]

@@ -14,7 +14,8 @@ from opentelemetry._logs import set_logger_provider
 from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 from opentelemetry.metrics import set_meter_provider
 
-from fuzz_sse import Telemetry, consume
+from fuzz_sse import consume
+from helpers import Telemetry
 from opentelemetry import trace
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 

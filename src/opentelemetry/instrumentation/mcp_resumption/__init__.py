@@ -97,14 +97,14 @@ class McpResumptionInstrumentor(BaseInstrumentor):
         self.processor = processor
         active.processor = processor
         installation = self._installation = Installation()
-        for module_name, patch in (
-            ("httpx", http_patches.instrument),
-            ("httpx2", http_patches.instrument),
-            ("httpx_sse", sse_patches.instrument),
-            ("httpx2", sse_patches.instrument),
-            ("mcp.client.streamable_http", mcp_sdk_patches.instrument),
+        for module_name, targets in (
+            ("httpx", http_patches.TARGETS),
+            ("httpx2", http_patches.TARGETS),
+            ("httpx_sse", sse_patches.TARGETS["httpx_sse"]),
+            ("httpx2", sse_patches.TARGETS["httpx2"]),
+            (mcp_sdk_patches.MODULE, mcp_sdk_patches.TARGETS),
         ):
-            installation.on_import(module_name, patch)
+            installation.on_import(module_name, targets)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._remove()

@@ -379,11 +379,18 @@ def id_regression_rule(cursor: Cursor, first: ObservedEvent) -> Gap | None:
     )
 
 
+def reuses_id(seen: Mapping[str, int | None], event_id: str, digest: int) -> bool:
+    """``event_id`` was seen in this session with other data: what
+    :func:`id_reused_rule` proves, and what :meth:`ResumeCheck.event_matters`
+    must not skip."""
+    previous = seen.get(event_id)
+    return previous is not None and previous != digest
+
+
 def id_reused_rule(seen: Mapping[str, int | None], event: ObservedEvent) -> Gap | None:
     if event.event_id is None or event.is_marker or event.event_id.clock:
         return None
-    previous = seen.get(event.event_id.raw)
-    if previous is None or previous == event.digest:
+    if not reuses_id(seen, event.event_id.raw, event.digest):
         return None
     return Gap(
         GapKind.ID_REUSED,
@@ -616,10 +623,11 @@ class ResumeCheck:
         if self.verdict is None:
             return True
         self._after_verdict += 1
+        # What the rules of a later event look at (``_later_event``): its
+        # responses, and a reused id.
         if has_responses:
             return True
-        previous = self._seen.get(event_id) if event_id is not None else None
-        if previous is not None and previous != digest:
+        if event_id is not None and reuses_id(self._seen, event_id, digest):
             return True
         return not self._pending and self._after_verdict >= self._watch
 
@@ -887,30 +895,29 @@ def verify_resumption(
 ) -> None:
     """The first seed's check: raise :class:`ResumptionGapError` unless the
     resumed stream kept its session and its first replayed id does not order
-    below the cursor.  An empty replay proves nothing and raises too."""
+    below the cursor.  An empty replay proves nothing and raises too.  The
+    gaps are the rules' own; what the seed adds is that ids giving no
+    ordering evidence (``unverifiable`` above) raise as well."""
+    last = _seed_id(cursor.last_event_id)
+    # The seed compares the session ids as given, None included, where the
+    # rule reads None as "not known": compared as their reprs, each is a
+    # session of its own.
+    bound = Cursor(last or EventId(str(cursor.last_event_id)), session_id=repr(cursor.session_id))
     # Session identity must survive the transport generation change.
-    if response_session_id != cursor.session_id:
-        raise ResumptionGapError(
-            f"session id changed on reconnect: had {cursor.session_id!r}, "
-            f"got {response_session_id!r}; resumption is unproven, re-initialize"
-        )
+    changed = session_changed_rule(bound, repr(response_session_id))
+    if changed is not None:
+        raise ResumptionGapError(changed.message)
     # "Caught up" and "replay unsupported" look the same on the wire.
     if first_replayed_event_id is None:
-        raise ResumptionGapError(
-            "no replayed event on resume; cannot distinguish caught-up "
-            "from replay-unsupported, refuse to treat as continuous"
-        )
+        unconfirmed = replay_unconfirmed_rule(0, "the resumed stream's first event")
+        raise ResumptionGapError(unconfirmed.message if unconfirmed else "no replayed event")
     first = _seed_id(first_replayed_event_id)
-    last = _seed_id(cursor.last_event_id)
     if first is None or last is None:
         raise ResumptionGapError("empty event id on resume; continuity is unproven")
-    order = compare_event_ids(first, last)
-    if order == -1:
-        raise ResumptionGapError(
-            f"event id regression: requested >= {cursor.last_event_id}, "
-            f"got {first_replayed_event_id}; counter reset implies gap"
-        )
-    if order is None:
+    regression = id_regression_rule(bound, ObservedEvent(first))
+    if regression is not None:
+        raise ResumptionGapError(regression.message)
+    if compare_event_ids(first, last) is None:
         raise ResumptionGapError(
             f"event ids {cursor.last_event_id!r} and {first_replayed_event_id!r} carry no "
             "ordering evidence; continuity is unverifiable, re-initialize"

@@ -47,6 +47,7 @@ from .continuity import (
     Verdict,
 )
 from .deferral import Deferred, collecting
+from .forks import renew_after_fork
 from .tracker import NOTHING, Step, Stream, Tracker, bounded_id
 from .version import __version__
 
@@ -69,7 +70,11 @@ MAX_ZERO_SERIES_SERVERS = 1024
 
 # Where HTTP client spans record a URL or its query (stable and older semconv).
 _URL_ATTRIBUTES = ("url.full", "url.query", "http.url", "http.target")
-_SESSION_PARAMETER = re.compile(r"((?:^|[?&])(?:sessionId|session_id)=)[^&#]*")
+# The query parameters a legacy (2024-11-05) server names the session with.
+LEGACY_SESSION_PARAMETERS = ("sessionId", "session_id")
+_SESSION_PARAMETER = re.compile(
+    r"((?:^|[?&])(?:" + "|".join(LEGACY_SESSION_PARAMETERS) + r")=)[^&#]*"
+)
 
 # Request facts for the HTTP client span that the httpx instrumentation
 # opens inside the patched call; read in on_start.
@@ -184,7 +189,7 @@ class _Deadlines:
         self._thread: threading.Thread | None = None
         self._order = itertools.count()
         self._closed = False
-        _reset_in_child.add(self)
+        renew_after_fork(self)
 
     def _after_fork(self) -> None:
         # The child has none of the parent's threads: a condition another
@@ -244,7 +249,7 @@ class _EventTotals:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._totals: dict[tuple[str, str, int | None], int] = {}
-        _reset_in_child.add(self)
+        renew_after_fork(self)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # the totals go on, like a counter's
@@ -332,19 +337,6 @@ def _instruments_of(meter_provider: metrics.MeterProvider | None) -> _Instrument
         return found
 
 
-# Objects holding a lock or a thread, made new in a forked child.
-_reset_in_child: weakref.WeakSet[_Deadlines | _EventTotals | Deferred] = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for held in list(_reset_in_child):
-        held._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
-
-
 class ContinuityProcessor(SpanProcessor):
     """Runs the continuity checks for every MCP stream the patches observe.
 
@@ -400,7 +392,7 @@ class ContinuityProcessor(SpanProcessor):
         self._held: dict[int, StreamContext] = {}
         self._said_unattached = False
         self._deferred = Deferred()
-        _reset_in_child.add(self._deferred)
+        renew_after_fork(self._deferred)
         self._hops: dict[_HopKey, _Hop] = {}
         self._hops_lock = threading.Lock()
 
@@ -961,14 +953,22 @@ def enforcement_error(gaps: tuple[Gap, ...]) -> ResumptionGapError:
     return ResumptionGapError(message)
 
 
-def legacy_session_from_endpoint(data: str) -> str | None:
-    """The session id in a legacy ``endpoint`` event (``/messages/?session_id=…``)."""
-    try:
-        query = parse_qs(urlsplit(data.strip()).query)
-    except ValueError:
+def legacy_session_in_query(query: str) -> str | None:
+    """The session id a legacy server names in a URL's query (``sessionId``
+    or ``session_id``): of the ``endpoint`` event, and of the POSTs to it."""
+    if "ession" not in query:  # most requests: no parse
         return None
-    for name in ("sessionId", "session_id"):
-        values = query.get(name)
+    params = parse_qs(query)
+    for name in LEGACY_SESSION_PARAMETERS:
+        values = params.get(name)
         if values and values[0]:
             return bounded_id(values[0])
     return None
+
+
+def legacy_session_from_endpoint(data: str) -> str | None:
+    """The session id in a legacy ``endpoint`` event (``/messages/?session_id=…``)."""
+    try:
+        return legacy_session_in_query(urlsplit(data.strip()).query)
+    except ValueError:
+        return None

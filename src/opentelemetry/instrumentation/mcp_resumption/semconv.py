@@ -16,6 +16,10 @@ from opentelemetry.semconv.attributes.server_attributes import SERVER_PORT as SE
 
 from .continuity import GapKind, Outcome
 
+# The transports (mcp.transport values) are the tracker's names for them: one set.
+from .tracker import SSE as TRANSPORT_SSE
+from .tracker import STREAMABLE_HTTP as TRANSPORT_STREAMABLE_HTTP
+
 INSTRUMENTATION_NAME = "opentelemetry.instrumentation.mcp_resumption"
 # The semantic conventions release whose MCP attributes (mcp.method.name,
 # mcp.session.id, mcp.protocol.version, jsonrpc.request.id) these names follow.
@@ -46,8 +50,7 @@ GAP_EXPECTED = "mcp.resumption.gap.expected"
 GAP_OBSERVED = "mcp.resumption.gap.observed"
 
 # -- values
-TRANSPORT_SSE = "sse"
-TRANSPORT_STREAMABLE_HTTP = "streamable-http"
+# TRANSPORT_SSE, TRANSPORT_STREAMABLE_HTTP: imported above, the tracker's own.
 NO_PREVIOUS_TRANSPORT = "none"
 GAP_KINDS = tuple(kind.value for kind in GapKind)
 OUTCOMES = tuple(outcome.value for outcome in Outcome)

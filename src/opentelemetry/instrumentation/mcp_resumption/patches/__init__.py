@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from types import ModuleType
 from typing import Any, TypeVar
 
 from opentelemetry.instrumentation.utils import unwrap
-from wrapt import register_post_import_hook
+from wrapt import register_post_import_hook, wrap_function_wrapper
 
 from ..continuity import ResumptionGapError
 
@@ -73,7 +73,35 @@ def guarded(site: str, function: Callable[..., T], *args: Any, **kwargs: Any) ->
         return None
 
 
-Patcher = Callable[[ModuleType], list[tuple[Any, str]]]
+# What a patches module wraps: ("Class.method", wrapt wrapper) pairs.
+Targets = Iterable[tuple[str, Callable[..., Any]]]
+# What was wrapped: (class, method name) pairs, as ``unwrap`` takes them.
+Patched = list[tuple[Any, str]]
+
+
+def wrap_targets(module: ModuleType, targets: Targets) -> Patched:
+    """Wrap each ``Class.method`` of ``module`` with its wrapper, the way
+    the contrib instrumentations do (``wrapt.wrap_function_wrapper``), and
+    return what was wrapped, for :func:`unwrap_all`.  A target the library
+    lacks is skipped and the others are still observed (httpx2 before 2.5
+    has no ``EventSource``; older MCP SDKs lack a reconnect method)."""
+    patched: Patched = []
+    for target, wrapper in targets:
+        class_name, method = target.split(".")
+        owner = getattr(module, class_name, None)
+        if owner is None or not hasattr(owner, method):
+            _logger.debug("%s has no %s: not observed", module.__name__, target)
+            continue
+        wrap_function_wrapper(module, target, wrapper)
+        patched.append((owner, method))
+    return patched
+
+
+def unwrap_all(patched: Patched) -> None:
+    """Remove every patch :func:`wrap_targets` made (``unwrap``, as contrib's
+    ``_uninstrument`` does)."""
+    for owner, method in patched:
+        unwrap(owner, method)
 
 
 class Installation:
@@ -82,22 +110,21 @@ class Installation:
     library pays nothing for it, not even its import."""
 
     def __init__(self) -> None:
-        self.patched: list[tuple[Any, str]] = []
+        self.patched: Patched = []
         self.active = True
 
-    def on_import(self, module_name: str, patch: Patcher) -> None:
-        register_post_import_hook(partial(self._patch, patch), module_name)
+    def on_import(self, module_name: str, targets: Targets) -> None:
+        register_post_import_hook(partial(self._patch, tuple(targets)), module_name)
 
-    def _patch(self, patch: Patcher, module: ModuleType) -> None:
+    def _patch(self, targets: Targets, module: ModuleType) -> None:
         if not self.active:  # a hook of an earlier cycle, never removable from wrapt
             return
         try:
-            self.patched += patch(module)
+            self.patched += wrap_targets(module, targets)
         except Exception:  # runs inside the host's import: never fail it
             fault(f"patching {getattr(module, '__name__', module)}")
 
     def remove(self) -> None:
         self.active = False
-        for owner, method in self.patched:
-            unwrap(owner, method)
+        unwrap_all(self.patched)
         self.patched = []

@@ -15,15 +15,19 @@ import sys
 import weakref
 from contextlib import nullcontext
 from typing import Any
-from urllib.parse import parse_qs
 
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
-from wrapt import wrap_function_wrapper
 
 from opentelemetry import trace
 
 from ..jsonrpc import requests_in
-from ..processor import RequestFacts, StreamContext, _request_attributes, hop_scope
+from ..processor import (
+    RequestFacts,
+    StreamContext,
+    _request_attributes,
+    hop_scope,
+    legacy_session_in_query,
+)
 from ..tracker import bounded_id
 from . import active, guarded
 
@@ -94,13 +98,7 @@ def request_facts(request: Any) -> RequestFacts | None:
     accept = headers.get("accept", "")
     url = request.url
     query = url.query.decode("ascii", "replace") if isinstance(url.query, bytes) else url.query
-    legacy_session_id = None
-    if query and "ession" in query:
-        params = parse_qs(query)
-        for name in ("sessionId", "session_id"):
-            if params.get(name):
-                legacy_session_id = bounded_id(params[name][0])
-                break
+    legacy_session_id = legacy_session_in_query(query) if query else None
     protocol_version = _header(headers, "mcp-protocol-version")
     # Inside the MCP SDK transport's reconnect loop (its patch opens the hop
     # scope), a resume is MCP even before any session: an explicit
@@ -246,6 +244,8 @@ async def _aclose(wrapped, instance, args, kwargs):
     return await wrapped(*args, **kwargs)
 
 
+# What McpResumptionInstrumentor.instrument() wraps in httpx and in httpx2
+# (with patches.wrap_targets, as each library is imported).
 TARGETS = (
     ("Client.send", _send),
     ("AsyncClient.send", _async_send),
@@ -253,12 +253,3 @@ TARGETS = (
     ("Response.aclose", _aclose),
 )
 
-
-def instrument(module: Any) -> list[tuple[Any, str]]:
-    """Patch ``module`` (httpx or httpx2); returns what was patched."""
-    patched = []
-    for target, wrapper in TARGETS:
-        class_name, method = target.split(".")
-        wrap_function_wrapper(module, target, wrapper)
-        patched.append((getattr(module, class_name), method))
-    return patched

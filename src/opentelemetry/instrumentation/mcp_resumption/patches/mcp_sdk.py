@@ -22,14 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from wrapt import wrap_function_wrapper
-
 from ..continuity import ResumptionGapError
 from ..processor import hop_scope, lineage_scope
 from . import active, enforced_errors, guarded
 
 MODULE = "mcp.client.streamable_http"
-TARGETS = ("_handle_reconnection", "_handle_resumption_request")
 GAP_ERROR_CODE = -32001  # implementation-defined server-error range of JSON-RPC
 
 
@@ -103,12 +100,9 @@ async def _outermost(wrapped, args, kwargs):
                 )
 
 
-def instrument(module: Any) -> list[tuple[Any, str]]:
-    """Patch ``mcp.client.streamable_http``'s transport."""
-    owner = getattr(module, "StreamableHTTPTransport", None)
-    patched = []
-    for name in TARGETS:
-        if owner is not None and hasattr(owner, name):
-            wrap_function_wrapper(module, f"StreamableHTTPTransport.{name}", _reconnect)
-            patched.append((owner, name))
-    return patched
+# What McpResumptionInstrumentor.instrument() wraps (with patches.wrap_targets,
+# as the module is imported).
+TARGETS = (
+    ("StreamableHTTPTransport._handle_reconnection", _reconnect),
+    ("StreamableHTTPTransport._handle_resumption_request", _reconnect),
+)

@@ -11,17 +11,12 @@ precondition of the drain race.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
-
-from wrapt import wrap_function_wrapper
 
 from ..continuity import ResumptionGapError
 from . import active, enforced, fault, guarded
 from .http import reading, streams
-
-_logger = logging.getLogger(__name__)
 
 
 def _response_of(event_source: Any) -> Any:
@@ -248,23 +243,10 @@ def _aiterate(wrapped, instance, args, kwargs):
     return _aobserved(events, context, active.processor, _response_of(instance))
 
 
+# What McpResumptionInstrumentor.instrument() wraps, by library (with
+# patches.wrap_targets, as each library is imported).
 TARGETS = {
     "httpx_sse": (("EventSource.iter_sse", _iterate), ("EventSource.aiter_sse", _aiterate)),
     "httpx2": (("EventSource.__iter__", _iterate), ("EventSource.__aiter__", _aiterate)),
 }
 
-
-def instrument(module: Any) -> list[tuple[Any, str]]:
-    """Patch the SSE iterators of ``module`` (httpx_sse or httpx2)."""
-    patched = []
-    for target, wrapper in TARGETS[module.__name__]:
-        class_name, method = target.split(".")
-        owner = getattr(module, class_name, None)
-        if owner is None or not hasattr(owner, method):
-            # httpx2 before 2.5 has no EventSource: its HTTP facts are still
-            # observed, and the other libraries' events too.
-            _logger.debug("%s has no %s; its SSE events are not observed", module.__name__, target)
-            continue
-        wrap_function_wrapper(module, target, wrapper)
-        patched.append((owner, method))
-    return patched

@@ -1,0 +1,100 @@
+"""What several test modules share: in-memory telemetry.
+
+Test modules import shared code from here or from the other helper modules
+(``scripted_server``: a real HTTP server and seed 000's scripts for it;
+``fuzz_sse``: the raw byte server and hostile cases; ``tracker_scenarios``:
+the seeds driven through the Tracker; ``dashboard_queries``), never from one
+another or from conftest: pytest collects a test module, and importing it
+from another one runs its module code twice, under two names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+# ================================================================ telemetry
+
+
+class Telemetry:
+    """SDK providers with in-memory exporters, and readers for the tests."""
+
+    def __init__(self, sampler=None) -> None:
+        self.spans = InMemorySpanExporter()
+        kwargs = {"sampler": sampler} if sampler is not None else {}
+        self.tracer_provider = TracerProvider(**kwargs)
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.metric_reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.metric_reader])
+        self.logs = InMemoryLogRecordExporter()
+        self.logger_provider = LoggerProvider()
+        self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.logs))
+
+    @contextlib.contextmanager
+    def instrumented(self, **settings) -> Iterator[object]:
+        """Our instrumentation on these providers, removed on exit."""
+        from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
+
+        instrumentor = McpResumptionInstrumentor()
+        instrumentor.instrument(**self.providers(), **settings)
+        try:
+            yield instrumentor
+        finally:
+            instrumentor.uninstrument()
+
+    def providers(self) -> dict:
+        return {
+            "tracer_provider": self.tracer_provider,
+            "meter_provider": self.meter_provider,
+            "logger_provider": self.logger_provider,
+        }
+
+    def points(self, name: str) -> list:
+        data = self.metric_reader.get_metrics_data()
+        found = []
+        for resource_metrics in data.resource_metrics if data else ():
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    if metric.name == name:
+                        found.extend(metric.data.data_points)
+        return found
+
+    def counts(self, name: str, attribute: str | None = None) -> dict[object, int]:
+        """Totals of metric ``name`` by the value of ``attribute`` (all under
+        None without one)."""
+        totals: dict[object, int] = {}
+        for point in self.points(name):
+            key = point.attributes.get(attribute) if attribute else None
+            totals[key] = totals.get(key, 0) + int(point.value)
+        # The 0 points every server starts with (ContinuityProcessor.server_seen)
+        # are series, not counts.
+        return {key: total for key, total in totals.items() if total}
+
+    def gap_kinds(self) -> dict[str, int]:
+        return self.counts("mcp.client.resumption.gaps", "mcp.resumption.gap.kind")
+
+    def outcomes(self) -> dict[str, int]:
+        return self.counts("mcp.client.resumption.attempts", "mcp.resumption.outcome")
+
+    def gap_logs(self) -> list:
+        return [
+            record
+            for record in self.logs.get_finished_logs()
+            if getattr(record.log_record, "event_name", None) == "resumption.gap"
+        ]
+
+    def resume_spans(self) -> list:
+        return [span for span in self.spans.get_finished_spans() if span.name == "mcp.resume"]
+
+    def shutdown(self) -> None:
+        for provider in (self.tracer_provider, self.meter_provider, self.logger_provider):
+            provider.shutdown()
+
