@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from opentelemetry.instrumentation.mcp_resumption.demo import runner, scenarios
+from mcp_resumption_demo import runner, scenarios
 
 
 @pytest.fixture(scope="module")

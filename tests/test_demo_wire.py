@@ -19,22 +19,22 @@ import pytest
 for _module in ("mcp", "starlette", "uvicorn"):
     pytest.importorskip(_module)
 
-from opentelemetry.instrumentation.mcp_resumption.demo.clients import (  # noqa: E402
+from mcp_resumption_demo.clients import (  # noqa: E402
     MCP_MAJOR,
     SDK_MAX_RECONNECTION_ATTEMPTS,
     response_id,
     sdk_legacy_session,
 )
-from opentelemetry.instrumentation.mcp_resumption.demo.loopback import LoopbackServer  # noqa: E402
-from opentelemetry.instrumentation.mcp_resumption.demo.router import SseScanner  # noqa: E402
-from opentelemetry.instrumentation.mcp_resumption.demo.scenarios import (  # noqa: E402
+from mcp_resumption_demo.loopback import LoopbackServer  # noqa: E402
+from mcp_resumption_demo.router import SseScanner  # noqa: E402
+from mcp_resumption_demo.scenarios import (  # noqa: E402
     GAP_KINDS,
     OUTCOMES,
     ScenarioWire,
     all_scenarios,
     run_scenario,
 )
-from opentelemetry.instrumentation.mcp_resumption.demo.servers import (  # noqa: E402
+from mcp_resumption_demo.servers import (  # noqa: E402
     EventIdAllocator,
     FleetInstance,
     search_hits,

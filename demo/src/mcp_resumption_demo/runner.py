@@ -21,8 +21,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
-from .. import McpResumptionInstrumentor
-from .. import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
+from opentelemetry.instrumentation.mcp_resumption import semconv as sc
+
 from . import scenarios
 from .scenarios import all_scenarios
 
