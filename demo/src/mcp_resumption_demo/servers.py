@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -426,6 +427,60 @@ def _register_tools(server: Any) -> None:
         return f"poll finished after {cuts} cuts"
 
 
+class _NoReplayWithoutStore:
+    """Answer a resume (``GET`` with ``Last-Event-ID``) that the SDK's transport
+    cannot serve, as the SDK's own 2026-07-28 path answers any GET: 405, ``Allow: POST``.
+
+    Without an event store (every stateless instance), both SDK majors'
+    ``_replay_events`` return without starting a response; uvicorn then sends a
+    500 of its own and logs "ASGI callable returned without starting
+    response.". 405 is what the protocol asks of a server that offers no SSE
+    stream at GET, and the SDK clients treat it as they treat that 500 (a failed
+    reconnect, retried up to their limit), so the verdicts do not change.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "GET"
+            and any(name == b"last-event-id" for name, _ in scope["headers"])
+        ):
+            await Response(status_code=405, headers={"Allow": "POST"})(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class _SessionEndRace(logging.Filter):
+    """Drop mcp 1.x's "Error in standalone SSE writer" when it is only the
+    session's own end.
+
+    When the client ends its session (``DELETE``), the mcp 1.x server closes
+    the standalone GET stream's channel while that stream's writer still reads
+    from it; the writer then logs ``anyio.ClosedResourceError`` with a
+    traceback. Nothing is lost (the session is over) and the client sees
+    nothing, so this record alone is dropped; any other error of the writer
+    still shows.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import anyio
+
+        error = record.exc_info[1] if record.exc_info else None
+        return not (
+            record.getMessage() == "Error in standalone SSE writer"
+            and isinstance(error, anyio.ClosedResourceError)
+        )
+
+
+def _quiet_session_end() -> None:
+    sdk_logger = logging.getLogger("mcp.server.streamable_http")
+    if not any(isinstance(f, _SessionEndRace) for f in sdk_logger.filters):
+        sdk_logger.addFilter(_SessionEndRace())
+
+
 def sdk_streamable_app(
     *,
     event_store: EventStore | None = None,
@@ -442,21 +497,24 @@ def sdk_streamable_app(
     rejects that ``MCP-Protocol-Version`` with 400); ``stateless_http=True`` is
     the closest: no sessions and no event store, but still the initialize era.
     """
+    store = None if stateless else event_store
     if MCP_MAJOR >= 2:
         server = _SdkServer(name, log_level="WARNING")
         _register_tools(server)
         app: Starlette = server.streamable_http_app(
-            event_store=None if stateless else event_store,
+            event_store=store, retry_interval=retry_interval_ms, stateless_http=stateless
+        )
+    else:
+        _quiet_session_end()
+        server = _SdkServer(
+            name,
+            event_store=store,
             retry_interval=retry_interval_ms,
             stateless_http=stateless,
+            log_level="WARNING",
         )
-        return app
-    server = _SdkServer(
-        name,
-        event_store=None if stateless else event_store,
-        retry_interval=retry_interval_ms,
-        stateless_http=stateless,
-        log_level="WARNING",
-    )
-    _register_tools(server)
-    return server.streamable_http_app()  # type: ignore[no-any-return]
+        _register_tools(server)
+        app = server.streamable_http_app()
+    if store is None:
+        app.add_middleware(_NoReplayWithoutStore)
+    return app
