@@ -6,6 +6,7 @@ detected, from the same telemetry a user's backend would receive."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import sys
@@ -138,18 +139,31 @@ class _Scrapes:
             return self.changed.wait_for(lambda: self.count > count, timeout)
 
 
+class DemoError(Exception):
+    """A problem of the demo's setting (a busy port), not of a scenario: the
+    command line prints it as one line."""
+
+
 def _prometheus_reader(port: int, scrapes: _Scrapes) -> MetricReader:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import start_http_server
+
+    # The endpoint first: a busy port is the user's to fix, before anything runs.
+    try:
+        start_http_server(port, addr="127.0.0.1")
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise DemoError(
+                f"127.0.0.1:{port} is already in use: choose another --prometheus-port"
+            ) from None
+        raise DemoError(f"cannot serve metrics on 127.0.0.1:{port}: {error.strerror}") from None
 
     class CountingReader(PrometheusMetricReader):
         def _receive_metrics(self, metrics_data: Any, *args: Any, **kwargs: Any) -> None:
             super()._receive_metrics(metrics_data, *args, **kwargs)
             scrapes.seen()
 
-    reader = CountingReader()
-    start_http_server(port, addr="127.0.0.1")
-    return reader
+    return CountingReader()
 
 
 def _free_port() -> int:
@@ -199,6 +213,27 @@ def _otlp(tracer_provider: TracerProvider, logger_provider: LoggerProvider) -> l
     return [PeriodicExportingMetricReader(OTLPMetricExporter())]
 
 
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _skipped_row(scenario: scenarios.Scenario, reason: str) -> dict:
+    """A scenario that could not run here (node is missing): said so, never a pass."""
+    return {
+        "scenario": scenario.name,
+        "happened": scenario.happened,
+        "expected": sorted(scenario.expected_gaps),
+        "detected": [],
+        "outcome": "-",
+        "pass": None,
+        "skipped": reason,
+        "resumes": 0,
+        "server_address": "127.0.0.1",
+        "server_port": 0,
+        "counted": {},
+    }
+
+
 def run(
     names: Iterable[str] | None = None,
     *,
@@ -210,7 +245,12 @@ def run(
     metric totals (resumes by outcome, gaps by kind) of the whole run.
 
     With ``prometheus_port`` the metrics are served on 127.0.0.1 for a scrape,
-    and kept up ``hold`` seconds after ``report`` was given the results."""
+    and kept up ``hold`` seconds after ``report`` was given the results.
+    Progress (``[N/total]`` and the elapsed seconds) goes to stderr. A
+    scenario whose ``prepare`` gives a reason (node is missing) gets a row that
+    says ``skipped`` with that reason. Raises :class:`DemoError` for a busy
+    Prometheus port."""
+    started = time.monotonic()
     wanted = set(names or ())
     resource = Resource.create({"service.name": "mcp-resumption-demo"})
     logs = InMemoryLogRecordExporter()
@@ -233,10 +273,24 @@ def run(
     rows = []
     selected = [s for s in all_scenarios() if not wanted or s.name in wanted]
     try:
+        # Before any port is announced: a scenario that cannot run here
+        # (node is missing) gets no server to show at 0.
+        unavailable = {
+            s.name: reason
+            for s in selected
+            if s.prepare is not None and (reason := s.prepare()) is not None
+        }
         if prometheus_port is not None:
-            _announce_servers(instrumentor, len(selected), scrapes)
-        for scenario in selected:
-            print(f"running {scenario.name} ...", file=sys.stderr, flush=True)
+            _announce_servers(instrumentor, len(selected) - len(unavailable), scrapes)
+        total = len(selected)
+        for number, scenario in enumerate(selected, 1):
+            step = f"[{number}/{total}]"
+            _progress(f"{step} {scenario.name} ... ({time.monotonic() - started:.1f} s elapsed)")
+            began = time.monotonic()
+            if (reason := unavailable.get(scenario.name)) is not None:
+                rows.append(_skipped_row(scenario, reason))
+                _progress(f"{step} {scenario.name}: skipped: {reason}")
+                continue
             logs.clear()
             counted_before = _counted(reader)
             before = counted_before["attempts"]
@@ -272,6 +326,9 @@ def run(
                     "counted": counted,
                 }
             )
+            verdict = "PASS" if rows[-1]["pass"] else "FAIL"
+            _progress(f"{step} {scenario.name}: {verdict} in {time.monotonic() - began:.1f} s")
+        _progress(f"done: {total} scenarios in {time.monotonic() - started:.1f} s")
         totals = {
             "resumes by outcome": _outcomes(reader),
             "gaps by kind": _sums(reader, sc.GAPS[0], sc.GAP_KIND),
@@ -279,7 +336,7 @@ def run(
         if report is not None:
             report(rows, totals)
         if hold > 0:
-            print(f"holding the metrics endpoint for {hold:g} s ...", file=sys.stderr, flush=True)
+            _progress(f"holding the metrics endpoint on 127.0.0.1:{prometheus_port} for {hold:g} s")
             time.sleep(hold)
     finally:
         scenarios.router_ports[:] = []

@@ -151,13 +151,19 @@ class ScenarioWire:
 
 @dataclass(frozen=True)
 class Scenario:
-    """A seed scenario and its ground truth."""
+    """A seed scenario and its ground truth.
+
+    ``prepare``, if given, runs before the scenario (installing what it needs)
+    and returns None when it can run, or why it cannot here ("node not
+    found"): the demo then shows the row as skipped with that reason.
+    """
 
     name: str
     happened: str
     expected_gaps: tuple[str, ...]
     expected_outcome: str
     run: Callable[[], Awaitable[ScenarioWire]]
+    prepare: Callable[[], str | None] | None = None
 
 
 # -- staging: servers, router, teardown -------------------------------------------------
