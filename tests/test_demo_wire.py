@@ -88,6 +88,7 @@ def test_scenarios_carry_design_names() -> None:
         "reinitialize",
         "expired_session_404",
         "poll_cut_twice",
+        "poll_store_reset",
     ]
     for scenario in scenarios:
         assert set(scenario.expected_gaps) <= set(GAP_KINDS), scenario.name
@@ -301,3 +302,25 @@ def test_poll_cut_twice(run: _Run) -> None:
     assert response_id(second.events[-1]) == request_id
     ids = [e.id for e in wire.received_before + first.events + second.events if e.id]
     assert [_n(i) for i in ids] == sorted({_n(i) for i in ids}), "each event once, in order"
+
+
+def test_poll_store_reset(run: _Run) -> None:
+    """The server closed its own stream (a poll, no sever); every re-poll of
+    the cursor got an empty stream that the server ended, and the tool's
+    answer crossed no response: it was lost."""
+    wire = run.wires["poll_store_reset"]
+    assert not any(x.severed for x in wire.exchanges)
+    assert wire.received_before[0].is_priming
+    call = next(x for x in wire.exchanges if x.request.jsonrpc_method == "tools/call")
+    assert call.events[0].retry == 300  # the server's retry:, which the client waits
+    (request_id,) = wire.in_flight
+    cursor = wire.received_before[-1].id
+    assert len(wire.resumes) == 2
+    for attempt in wire.resumes:
+        assert attempt.status == 200
+        assert attempt.last_event_id_sent == cursor
+        assert attempt.session_id_received == wire.session_id_before
+        assert attempt.events == []
+    answered = [e for x in wire.exchanges for e in x.events if response_id(e) == request_id]
+    assert answered == [], "the tool result never reached the client"
+    assert wire.tool_result is None or not wire.tool_result.arrived

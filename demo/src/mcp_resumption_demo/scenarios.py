@@ -43,6 +43,7 @@ from .servers import (
     FleetInstance,
     IntEventStore,
     PrefixedEventStore,
+    ResetEventStore,
     UuidEventStore,
     sdk_streamable_app,
 )
@@ -81,6 +82,10 @@ _SDK_EVENTS_BEFORE_CUT: Final = 2
 _SLOW_STEPS: Final = 3
 # Only a guard against a demo bug: no scenario waits for it to expire.
 _GUARD_TIMEOUT_S: Final = 10.0
+# poll_store_reset: the server's retry:, and the empty answers after which the
+# application stops waiting (fewer than the 3 bad resumes that page).
+_POLL_RETRY_MS: Final = 300
+_POLL_EMPTY_ANSWERS: Final = 2
 
 
 @dataclass
@@ -637,15 +642,40 @@ async def _caught_up_priming() -> ScenarioWire:
         return wire.resumed_once(attempt, router.exchanges)
 
 
-async def _poll_cut_twice() -> ScenarioWire:
+async def _sdk_poll(
+    name: str,
+    store: IntEventStore,
+    *,
+    cuts: int,
+    give_up_after: int | None = None,
+    retry_interval_ms: int = 50,
+) -> ScenarioWire:
+    """The SDK client calls the SDK server's ``poll`` tool, which closes its
+    own stream *cuts* times; no router cut, the client re-polls by itself.
+
+    ``give_up_after``: the application stops waiting for the call once that
+    many re-polls have ended (the SDK would poll an empty answer for ever),
+    on the router's log rather than a timer, so the count is the same each run.
+    """
     async with _staged() as stage:
-        backend = await stage.serve("sdk-stateful", sdk_streamable_app(event_store=IntEventStore()))
+        backend = await stage.serve(
+            "sdk-stateful",
+            sdk_streamable_app(event_store=store, retry_interval_ms=retry_interval_ms),
+        )
         router = await stage.route(lambda request: Route(backend))
-        wire = ScenarioWire("poll_cut_twice", MCP_MAJOR, transport_before="streamable-http")
+        wire = ScenarioWire(name, MCP_MAJOR, transport_before="streamable-http")
         async with sdk_streamable_session(f"{router.url}/mcp") as session:
-            wire.tool_result = await session.call_tool(
-                "poll", {"cuts": 2}, read_timeout=_GUARD_TIMEOUT_S
+            call = asyncio.ensure_future(
+                session.call_tool("poll", {"cuts": cuts}, read_timeout=_GUARD_TIMEOUT_S)
             )
+            if give_up_after is not None:
+                await router.wait_for(
+                    lambda xs: len([x for x in _resumes(xs) if x.finished.is_set()])
+                    >= give_up_after
+                )
+                call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                wire.tool_result = await call
         exchanges = router.exchanges
         call = next(x for x in exchanges if x.request.jsonrpc_method == "tools/call")
         request_id = _request_id(call.request.jsonrpc or {})
@@ -657,6 +687,20 @@ async def _poll_cut_twice() -> ScenarioWire:
             wire.session_id_after = wire.resumes[-1].session_id_received
         wire.exchanges = exchanges
         return wire
+
+
+async def _poll_cut_twice() -> ScenarioWire:
+    return await _sdk_poll("poll_cut_twice", IntEventStore(), cuts=2)
+
+
+async def _poll_store_reset() -> ScenarioWire:
+    return await _sdk_poll(
+        "poll_store_reset",
+        ResetEventStore(),
+        cuts=1,
+        give_up_after=_POLL_EMPTY_ANSWERS,
+        retry_interval_ms=_POLL_RETRY_MS,
+    )
 
 
 async def _reinitialize() -> ScenarioWire:
@@ -874,6 +918,21 @@ _SCENARIOS: Final = (
         expected_gaps=(),
         expected_outcome="resumed",
         run=_poll_cut_twice,
+    ),
+    Scenario(
+        name="poll_store_reset",
+        happened=(
+            "Polling with a loss. The SDK server's tool closes its own stream once "
+            f"(close_sse_stream, after a priming event with retry: {_POLL_RETRY_MS}); "
+            "while the client waits, the instance's event store is reset (restarted, "
+            "evicted) and forgets every event. Each re-poll with Last-Event-ID gets 200 "
+            "and an empty stream that the server ends at once; the client polls again, and "
+            f"the application stops waiting after {_POLL_EMPTY_ANSWERS} empty answers. The "
+            "tool result, stored after the reset, is never replayed: it is lost."
+        ),
+        expected_gaps=("replay_unconfirmed", "orphaned_request"),
+        expected_outcome="gap",
+        run=_poll_store_reset,
     ),
 )
 

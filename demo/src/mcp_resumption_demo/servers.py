@@ -52,6 +52,7 @@ __all__ = [
     "IntEventStore",
     "KnownSession",
     "PrefixedEventStore",
+    "ResetEventStore",
     "UnknownSession",
     "UuidEventStore",
     "sdk_streamable_app",
@@ -368,6 +369,28 @@ class IntEventStore(_OrderedEventStore):
 
     def _mint(self, stream_id: str) -> str:
         return str(next(self._counter))
+
+
+class ResetEventStore(IntEventStore):
+    """An integer-id store that lost everything while the client was away:
+    it is emptied when the first resume asks it for a replay, as a store that
+    restarted or evicted its contents would be, and it goes on storing (with
+    the same counter) what the server sends afterwards.
+
+    Every cursor it was asked about is unknown to it from then on; the SDK
+    server answers those resumes 200 with an empty stream that it ends at once.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resets = 0
+
+    async def replay_events_after(self, last_event_id: str, send_callback: EventCallback) -> Any:
+        if not self.resets:
+            self.resets += 1
+            self.events.clear()
+            self._index.clear()
+        return await super().replay_events_after(last_event_id, send_callback)
 
 
 class PrefixedEventStore(_OrderedEventStore):
