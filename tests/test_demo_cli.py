@@ -120,3 +120,25 @@ def test_progress_counts_scenarios_and_seconds_and_nothing_else_reaches_stderr()
     assert len(ends) == 2
     assert re.fullmatch(r"done: 2 scenarios in \d+\.\d s", lines[-1])
     assert "2 of 2 scenarios match their ground truth" in result.stdout
+
+
+def test_without_node_the_typescript_rows_say_skipped_and_the_rest_still_decides():
+    """PATH with the venv's scripts only: no node, no npm."""
+    ts_rows = ("ts_poll_cut_twice", "ts_store_lost_cursor")
+    names = ("caught_up_priming", *ts_rows)
+    result = cli(
+        "demo", *(arg for name in names for arg in ("--scenario", name)), PATH=str(COMMAND.parent)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ts_rows:
+        row = rf"^{name} .* skipped: node not found$"
+        assert re.search(row, result.stdout, re.M), result.stdout
+        assert f"] {name}: skipped: node not found" in result.stderr
+    assert "1 of 1 scenarios match their ground truth" in result.stdout
+    assert "2 skipped (node not found)" in result.stdout
+    assert [line for line in result.stderr.splitlines() if not PROGRESS.match(line)] == []
+
+
+def test_without_node_a_typescript_scenario_alone_is_a_one_line_error():
+    result = cli("scenario", "ts_poll_cut_twice", PATH=str(COMMAND.parent))
+    one_line_error(result, "scenario ts_poll_cut_twice cannot run here: node not found")

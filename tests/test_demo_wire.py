@@ -10,6 +10,7 @@ nothing here detects gaps, it only asserts what crossed the wire.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 
@@ -39,6 +40,10 @@ from mcp_resumption_demo.servers import (  # noqa: E402
     FleetInstance,
     search_hits,
 )
+from mcp_resumption_demo.ts_scenarios import TsScenarioWire  # noqa: E402
+
+# The TypeScript server's ids: <stream uuid>_<epoch ms>_<base36>.
+TS_ID = re.compile(r"[0-9a-f-]{36}_[0-9]{13}_[0-9a-z]{1,8}")
 
 _BUDGET_S = 30.0
 
@@ -89,6 +94,8 @@ def test_scenarios_carry_design_names() -> None:
         "expired_session_404",
         "poll_cut_twice",
         "poll_store_reset",
+        "ts_poll_cut_twice",
+        "ts_store_lost_cursor",
     ]
     for scenario in scenarios:
         assert set(scenario.expected_gaps) <= set(GAP_KINDS), scenario.name
@@ -323,4 +330,43 @@ def test_poll_store_reset(run: _Run) -> None:
         assert attempt.events == []
     answered = [e for x in wire.exchanges for e in x.events if response_id(e) == request_id]
     assert answered == [], "the tool result never reached the client"
+    assert wire.tool_result is None or not wire.tool_result.arrived
+
+
+def test_ts_poll_cut_twice(run: _Run) -> None:
+    """The TypeScript server closed its own stream twice; its log shows every
+    event it stored for the call sent, and the answer on the second re-poll."""
+    wire = run.wires["ts_poll_cut_twice"]
+    assert isinstance(wire, TsScenarioWire)
+    assert not any(x.severed for x in wire.exchanges)
+    assert wire.tool_result is not None and wire.tool_result.text == "done"
+    (request_id,) = wire.in_flight
+    first, second = wire.resumes
+    assert first.status == second.status == 200
+    assert first.last_event_id_sent == wire.received_before[-1].id
+    assert second.last_event_id_sent == first.event_ids[-1]
+    assert response_id(second.events[-1]) == request_id
+    cuts = [e for e in wire.server_wire if e["kind"] == "tool" and e.get("step") == "cut"]
+    assert len(cuts) == 2
+    assert wire.stored(request_id) and wire.lost(request_id) == []
+    for event_id in wire.sent_ids():
+        assert TS_ID.fullmatch(event_id), event_id
+
+
+def test_ts_store_lost_cursor(run: _Run) -> None:
+    """After the store forgot, the re-poll got 200 and keepalives only; the
+    answer was stored and, by the server's own log, never sent."""
+    wire = run.wires["ts_store_lost_cursor"]
+    assert isinstance(wire, TsScenarioWire)
+    (request_id,) = wire.in_flight
+    [resume] = wire.resumes
+    assert resume.status == 200 and resume.events == []
+    assert resume.last_event_id_sent == wire.received_before[-1].id
+    log = wire.server_wire
+    assert [e["streamId"] for e in log if e["kind"] == "replay"] == [""]  # cursor unknown
+    resumed = {e["rid"] for e in log if e["kind"] == "request" and e["lastEventId"]}
+    assert any(e["kind"] == "keepalive" and e["rid"] in resumed for e in log)
+    assert not any(e["kind"] == "frame" and e["rid"] in resumed for e in log)
+    [answer] = [e for e in wire.lost(request_id) if e["message"].get("id") == request_id]
+    assert "result" in answer["message"]
     assert wire.tool_result is None or not wire.tool_result.arrived

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import importlib
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -937,16 +940,28 @@ _SCENARIOS: Final = (
 )
 
 
+# Modules that add rows of their own, each with a ``SCENARIOS`` tuple; their
+# rows follow the ones above, in this order. A new family of rows is a new
+# module and one line here.
+SCENARIO_MODULES: Final = ("mcp_resumption_demo.ts_scenarios",)
+
+
+@functools.cache
 def all_scenarios() -> tuple[Scenario, ...]:
-    """Every scenario, in the order of the seeds (the controls last)."""
-    return _SCENARIOS
+    """Every scenario: the seeds' (their controls last), then each module's."""
+    more = (importlib.import_module(module).SCENARIOS for module in SCENARIO_MODULES)
+    found = _SCENARIOS + tuple(itertools.chain.from_iterable(more))
+    names = [scenario.name for scenario in found]
+    if len(set(names)) != len(names):
+        raise RuntimeError(f"two scenarios share a name: {sorted(names)}")
+    return found
 
 
 def get_scenario(name: str) -> Scenario:
-    for scenario in _SCENARIOS:
+    for scenario in all_scenarios():
         if scenario.name == name:
             return scenario
-    known = ", ".join(s.name for s in _SCENARIOS)
+    known = ", ".join(s.name for s in all_scenarios())
     raise KeyError(f"unknown scenario {name!r}; known: {known}")
 
 
