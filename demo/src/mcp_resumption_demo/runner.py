@@ -217,8 +217,9 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _skipped_row(scenario: scenarios.Scenario, reason: str) -> dict:
-    """A scenario that could not run here (node is missing): said so, never a pass."""
+def _skipped_row(scenario: scenarios.Scenario, reason: str, nothing: dict[str, Any]) -> dict:
+    """A scenario that could not run here (node is missing): said so, never a
+    pass; ``nothing`` is a ``counted`` of zeros, so that every row has one."""
     return {
         "scenario": scenario.name,
         "happened": scenario.happened,
@@ -230,7 +231,7 @@ def _skipped_row(scenario: scenarios.Scenario, reason: str) -> dict:
         "resumes": 0,
         "server_address": "127.0.0.1",
         "server_port": 0,
-        "counted": {},
+        "counted": nothing,
     }
 
 
@@ -288,7 +289,8 @@ def run(
             _progress(f"{step} {scenario.name} ... ({time.monotonic() - started:.1f} s elapsed)")
             began = time.monotonic()
             if (reason := unavailable.get(scenario.name)) is not None:
-                rows.append(_skipped_row(scenario, reason))
+                now = _counted(reader)
+                rows.append(_skipped_row(scenario, reason, _difference(now, now)))
                 _progress(f"{step} {scenario.name}: skipped: {reason}")
                 continue
             logs.clear()
