@@ -12,6 +12,11 @@ names are the gap kinds and outcomes of the README. Nothing here detects anythin
 Raw clients go through ``httpx_sse.EventSource.aiter_sse`` (mcp 1.x) or
 ``httpx2.EventSource`` (mcp 2.x); SDK clients through the installed SDK's
 streamable-HTTP transport and its own automatic reconnection.
+
+To add a family of rows: a module with a ``SCENARIOS`` tuple of
+:class:`Scenario` (``ts_scenarios`` is one), named in ``SCENARIO_MODULES``.
+A row that needs something the machine may lack gives ``prepare``, which
+says why it cannot run (the demo then shows it as skipped, never as a pass).
 """
 
 from __future__ import annotations
