@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from opentelemetry.instrumentation.mcp_resumption.demo import runner, scenarios
+from mcp_resumption_demo import runner, scenarios
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,13 @@ def test_demo_command_from_a_clean_environment():
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    # stderr carries the progress and nothing else: no server's log or traceback
+    noise = [
+        line
+        for line in result.stderr.splitlines()
+        if not re.match(r"\[\d+/\d+\] |done: |installing the TypeScript MCP SDK server ", line)
+    ]
+    assert noise == [], result.stderr
     printed = json.loads(result.stdout)
     assert [row["scenario"] for row in printed] == [s.name for s in scenarios.all_scenarios()]
     assert all(row["pass"] for row in printed)

@@ -10,6 +10,7 @@ nothing here detects gaps, it only asserts what crossed the wire.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 
@@ -19,27 +20,31 @@ import pytest
 for _module in ("mcp", "starlette", "uvicorn"):
     pytest.importorskip(_module)
 
-from opentelemetry.instrumentation.mcp_resumption import semconv  # noqa: E402
-from opentelemetry.instrumentation.mcp_resumption.demo.clients import (  # noqa: E402
+from mcp_resumption_demo.clients import (  # noqa: E402
     MCP_MAJOR,
     SDK_MAX_RECONNECTION_ATTEMPTS,
     response_id,
     sdk_legacy_session,
 )
-from opentelemetry.instrumentation.mcp_resumption.demo.loopback import LoopbackServer  # noqa: E402
-from opentelemetry.instrumentation.mcp_resumption.demo.router import SseScanner  # noqa: E402
-from opentelemetry.instrumentation.mcp_resumption.demo.scenarios import (  # noqa: E402
+from mcp_resumption_demo.loopback import LoopbackServer  # noqa: E402
+from mcp_resumption_demo.router import SseScanner  # noqa: E402
+from mcp_resumption_demo.scenarios import (  # noqa: E402
     GAP_KINDS,
     OUTCOMES,
     ScenarioWire,
     all_scenarios,
     run_scenario,
 )
-from opentelemetry.instrumentation.mcp_resumption.demo.servers import (  # noqa: E402
+from mcp_resumption_demo.servers import (  # noqa: E402
     EventIdAllocator,
     FleetInstance,
     search_hits,
 )
+from mcp_resumption_demo.ts_scenarios import TsScenarioWire  # noqa: E402
+from opentelemetry.instrumentation.mcp_resumption import semconv  # noqa: E402
+
+# The TypeScript server's ids: <stream uuid>_<epoch ms>_<base36>.
+TS_ID = re.compile(r"[0-9a-f-]{36}_[0-9]{13}_[0-9a-z]{1,8}")
 
 _BUDGET_S = 30.0
 
@@ -89,6 +94,9 @@ def test_scenarios_carry_design_names() -> None:
         "reinitialize",
         "expired_session_404",
         "poll_cut_twice",
+        "poll_store_reset",
+        "ts_poll_cut_twice",
+        "ts_store_lost_cursor",
     ]
     for scenario in scenarios:
         assert set(scenario.expected_gaps) <= set(GAP_KINDS), scenario.name
@@ -181,9 +189,11 @@ def test_stateless_migration(run: _Run) -> None:
     for attempt in wire.resumes:
         assert attempt.last_event_id_sent == progress.id
         assert attempt.session_id_sent == wire.session_id_before
-        # No event store on the stateless instance: the SDK's transport returns
-        # from the replay without answering, which uvicorn turns into a 500.
-        assert attempt.status == 500
+        # No event store on the stateless instance: the SDK's transport would
+        # return from the replay without answering (uvicorn's 500); the demo's
+        # instance answers what the protocol asks of a server without a GET
+        # stream, as the SDK's own 2026-07-28 path does.
+        assert attempt.status == 405
         assert attempt.events == []
     resumed_on = {x.backend for x in wire.exchanges if x.last_event_id_sent is not None}
     assert resumed_on == {"sdk-stateless"}
@@ -300,3 +310,64 @@ def test_poll_cut_twice(run: _Run) -> None:
     assert response_id(second.events[-1]) == request_id
     ids = [e.id for e in wire.received_before + first.events + second.events if e.id]
     assert [_n(i) for i in ids] == sorted({_n(i) for i in ids}), "each event once, in order"
+
+
+def test_poll_store_reset(run: _Run) -> None:
+    """The server closed its own stream (a poll, no sever); every re-poll of
+    the cursor got an empty stream that the server ended, and the tool's
+    answer crossed no response: it was lost."""
+    wire = run.wires["poll_store_reset"]
+    assert not any(x.severed for x in wire.exchanges)
+    assert wire.received_before[0].is_priming
+    call = next(x for x in wire.exchanges if x.request.jsonrpc_method == "tools/call")
+    assert call.events[0].retry == 300  # the server's retry:, which the client waits
+    (request_id,) = wire.in_flight
+    cursor = wire.received_before[-1].id
+    assert len(wire.resumes) == 2
+    for attempt in wire.resumes:
+        assert attempt.status == 200
+        assert attempt.last_event_id_sent == cursor
+        assert attempt.session_id_received == wire.session_id_before
+        assert attempt.events == []
+    answered = [e for x in wire.exchanges for e in x.events if response_id(e) == request_id]
+    assert answered == [], "the tool result never reached the client"
+    assert wire.tool_result is None or not wire.tool_result.arrived
+
+
+def test_ts_poll_cut_twice(run: _Run) -> None:
+    """The TypeScript server closed its own stream twice; its log shows every
+    event it stored for the call sent, and the answer on the second re-poll."""
+    wire = run.wires["ts_poll_cut_twice"]
+    assert isinstance(wire, TsScenarioWire)
+    assert not any(x.severed for x in wire.exchanges)
+    assert wire.tool_result is not None and wire.tool_result.text == "done"
+    (request_id,) = wire.in_flight
+    first, second = wire.resumes
+    assert first.status == second.status == 200
+    assert first.last_event_id_sent == wire.received_before[-1].id
+    assert second.last_event_id_sent == first.event_ids[-1]
+    assert response_id(second.events[-1]) == request_id
+    cuts = [e for e in wire.server_wire if e["kind"] == "tool" and e.get("step") == "cut"]
+    assert len(cuts) == 2
+    assert wire.stored(request_id) and wire.lost(request_id) == []
+    for event_id in wire.sent_ids():
+        assert TS_ID.fullmatch(event_id), event_id
+
+
+def test_ts_store_lost_cursor(run: _Run) -> None:
+    """After the store forgot, the re-poll got 200 and keepalives only; the
+    answer was stored and, by the server's own log, never sent."""
+    wire = run.wires["ts_store_lost_cursor"]
+    assert isinstance(wire, TsScenarioWire)
+    (request_id,) = wire.in_flight
+    [resume] = wire.resumes
+    assert resume.status == 200 and resume.events == []
+    assert resume.last_event_id_sent == wire.received_before[-1].id
+    log = wire.server_wire
+    assert [e["streamId"] for e in log if e["kind"] == "replay"] == [""]  # cursor unknown
+    resumed = {e["rid"] for e in log if e["kind"] == "request" and e["lastEventId"]}
+    assert any(e["kind"] == "keepalive" and e["rid"] in resumed for e in log)
+    assert not any(e["kind"] == "frame" and e["rid"] in resumed for e in log)
+    [answer] = [e for e in wire.lost(request_id) if e["message"].get("id") == request_id]
+    assert "result" in answer["message"]
+    assert wire.tool_result is None or not wire.tool_result.arrived

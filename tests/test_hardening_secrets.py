@@ -104,7 +104,7 @@ def session_and_query_secrets(target: str, headers: Iterable[tuple[str, str]]) -
 
 @pytest.fixture(scope="module")
 def demo_run():
-    from opentelemetry.instrumentation.mcp_resumption.demo.scenarios import all_scenarios
+    from mcp_resumption_demo.scenarios import all_scenarios
 
     telemetry = Telemetry()
     instrumentor = McpResumptionInstrumentor()

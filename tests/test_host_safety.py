@@ -117,7 +117,7 @@ def _reconnects_until_the_sdk_gives_up(server, script: EndlessPolls) -> int:
     import anyio
     from mcp import ClientSession
 
-    from opentelemetry.instrumentation.mcp_resumption.demo.clients import MCP_MAJOR
+    from mcp_resumption_demo.clients import MCP_MAJOR
 
     script.reconnects = 0
 

@@ -1,6 +1,6 @@
 """Interop: the installed MCP SDK major's client against a real TypeScript MCP
 SDK server (npm ``@modelcontextprotocol/sdk``, pinned in
-tests/interop/ts_server/package.json, ``StreamableHTTPServerTransport`` with
+demo/src/mcp_resumption_demo/ts_server/package.json, ``StreamableHTTPServerTransport`` with
 the package's example ``InMemoryEventStore``), whose tools poll with
 ``extra.closeSSEStream`` (protocol 2025-11-25).
 
@@ -32,7 +32,7 @@ if MCP_MAJOR == 1:
 else:
     from mcp.client.streamable_http import streamable_http_client as connect
 
-SERVER_DIR = Path(__file__).parent / "interop" / "ts_server"
+SERVER_DIR = Path(__file__).parents[1] / "demo" / "src" / "mcp_resumption_demo" / "ts_server"
 CONFIRM = 0.5  # the confirmation window of these tests, seconds
 RETRY_MS = 100  # the TS server's priming retry:
 # The example store's ids: <stream uuid>_<epoch ms>_<base36>; the standalone

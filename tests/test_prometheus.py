@@ -24,6 +24,7 @@ GAP_SCENARIOS = {
     "shared_allocator_reuse": {"McpResumptionReplayInconsistent"},
     "drain_race": {"McpResumptionLostToolCall"},
     "stateless_migration": {"McpResumptionLostToolCall"},
+    "poll_store_reset": {"McpResumptionLostToolCall"},
 }
 CONTROLS = (
     "faithful_resume_int",

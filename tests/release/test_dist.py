@@ -94,7 +94,7 @@ def test_sdist_can_rebuild_and_test_but_carries_no_caches(dist):
     assert not [n for n in names if n.startswith(("benchmarks/", ".ci/"))]
     for needed in ("pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "PKG-INFO"):
         assert needed in names
-    assert tracked("src") | tracked("tests") | tracked("dashboards") <= names
+    assert tracked("src") | tracked("tests") | tracked("demo") | tracked("dashboards") <= names
 
 
 def metadata(dist) -> email.message.Message:

@@ -30,7 +30,7 @@ HERE = Path(__file__).parent
 DOCS = [ROOT / "README.md", ROOT / "dashboards" / "README.md"]
 
 DEMO = (
-    'python3 -m venv .venv && .venv/bin/pip install -q ".[demo]" && .venv/bin/mcp-resumption demo'
+    "python3 -m venv .venv && .venv/bin/pip install -q . ./demo && .venv/bin/mcp-resumption demo"
 )
 TESTS = "bash scripts/test"
 FROM_CLONE = (
@@ -185,7 +185,7 @@ def venv_env(demo, clone) -> dict[str, str]:
     path = f"{bin_dir}:{clean_env()['PATH']}"
     env = {"PATH": path, "VIRTUAL_ENV": str(clone / ".venv")}
     # "Your client's virtual environment" has your client's libraries: here the
-    # raw client's (the demo extra brings mcp 2.x, which is on httpx2).
+    # raw client's (the demo project brings mcp 2.x, which is on httpx2).
     run("pip install -q httpx httpx-sse", clone, **env)
     return env
 

@@ -1,0 +1,243 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The ``mcp-resumption`` command: the demo's three ways in."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import sys
+from collections.abc import Sequence
+
+from .version import __version__
+
+PROG = "mcp-resumption"
+PLUGIN = "opentelemetry-instrumentation-mcp-resumption"
+
+DESCRIPTION = """\
+See opentelemetry-instrumentation-mcp-resumption catch silent event loss when
+MCP clients resume SSE / streamable-HTTP streams with Last-Event-ID, without a
+client or server of your own.
+
+  demo      run every scenario on real MCP servers on 127.0.0.1 (the
+            installed MCP Python SDK's, hand-written legacy and misbehaving
+            fleet instances, and the TypeScript MCP SDK's when node is
+            installed) behind a router that severs and re-routes streams, with
+            the plugin enabled; print each scenario's written ground truth
+            beside what the plugin detected. Exits 0 only if every scenario
+            that ran matches it.
+  scenario  run one scenario's servers and client without enabling the
+            plugin, to watch it under opentelemetry-instrument.
+  engine    play the seeds' scenarios straight into the pure rules (no
+            network, milliseconds).
+"""
+
+EPILOG = """\
+examples:
+  mcp-resumption demo
+  mcp-resumption demo --scenario drain_race --json
+  mcp-resumption demo --prometheus-port 9464 --hold 600
+  OTEL_TRACES_EXPORTER=console opentelemetry-instrument mcp-resumption scenario drain_race
+"""
+
+
+def _versions() -> str:
+    """This demo's version, and the plugin's and MCP SDK's it runs with."""
+    found = []
+    for name in (PLUGIN, "mcp"):
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return f"{PROG} {__version__} ({', '.join(found)})"
+
+
+def _error(message: str) -> int:
+    """One line on stderr, and the exit status of a usage error."""
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number (1-65535): {port}")
+    return port
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not seconds >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text}")
+    return seconds
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=_versions())
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    engine = commands.add_parser(
+        "engine", help="play the seeds' scenarios straight into the pure rules"
+    )
+    engine.add_argument("--json", action="store_true", help="print one JSON list")
+    demo = commands.add_parser(
+        "demo", help="run the scenarios on real MCP servers on 127.0.0.1, plugin enabled"
+    )
+    demo.add_argument("--json", action="store_true", help="print one JSON list")
+    demo.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    demo.add_argument(
+        "--scenario", action="append", default=[], metavar="NAME", help="run only NAME (repeatable)"
+    )
+    demo.add_argument(
+        "--prometheus-port",
+        type=_port,
+        metavar="N",
+        help="serve the metrics for a Prometheus scrape on 127.0.0.1:N",
+    )
+    demo.add_argument(
+        "--hold",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --prometheus-port: keep the metrics endpoint up this long after the table",
+    )
+    client = commands.add_parser(
+        "scenario",
+        help="run one scenario's servers and client WITHOUT enabling the plugin, "
+        "for use under opentelemetry-instrument",
+    )
+    client.add_argument("name")
+    return parser
+
+
+def _table(rows: list[dict]) -> str:
+    headers = ("scenario", "happened", "expected", "detected", "outcome", "pass")
+    cells = [
+        [
+            row["scenario"],
+            row["happened"][:60] + ("…" if len(row["happened"]) > 60 else ""),
+            ",".join(row["expected"]) or "-",
+            ",".join(row["detected"]) or "-",
+            row["outcome"],
+            _verdict(row),
+        ]
+        for row in rows
+    ]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(cell, widths)).rstrip() for cell in cells]
+    return "\n".join(lines)
+
+
+def _verdict(row: dict) -> str:
+    if row.get("skipped"):
+        return f"skipped: {row['skipped']}"
+    return "PASS" if row["pass"] else "FAIL"
+
+
+def _plain_scenario(name: str) -> int:
+    """The scenario as a user's own client would run: whatever instruments
+    this process (opentelemetry-instrument) observes it; we only print the
+    wire story."""
+    import asyncio
+
+    from .scenarios import get_scenario
+
+    scenario = get_scenario(name)
+    if scenario.prepare is not None and (reason := scenario.prepare()) is not None:
+        return _error(f"scenario {name} cannot run here: {reason}")
+    wire = asyncio.run(scenario.run())
+    print(f"{name}: {scenario.happened}")
+    print(f"  expected gaps: {', '.join(scenario.expected_gaps) or 'none'}")
+    for n, attempt in enumerate(wire.resumes, 1):
+        print(
+            f"  resume {n}: Last-Event-ID {attempt.last_event_id_sent!r} -> {attempt.status}, "
+            f"first event {attempt.event_ids[0] if attempt.event_ids else None!r}"
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+
+    if args.command == "engine":
+        from . import engine_table
+
+        rows = engine_table.run()
+        _print(rows, {}, as_json=args.json)
+        return _status(rows)
+    if args.command == "demo" and args.hold and args.prometheus_port is None:
+        # Without an endpoint there is nothing to hold up: refuse rather than
+        # sleep for nothing.
+        return _error("--hold needs --prometheus-port (it keeps the metrics endpoint up)")
+    from . import scenarios
+
+    known = [scenario.name for scenario in scenarios.all_scenarios()]
+    asked = [args.name] if args.command == "scenario" else args.scenario
+    unknown = sorted(set(asked) - set(known))
+    if unknown:
+        return _error(f"unknown scenario {', '.join(unknown)}; known: {', '.join(known)}")
+    if args.command == "scenario":
+        return _plain_scenario(args.name)
+    if args.list:
+        for scenario in scenarios.all_scenarios():
+            print(f"{scenario.name}: {scenario.happened}")
+        return 0
+    from . import runner
+
+    try:
+        rows, _ = runner.run(
+            args.scenario,
+            prometheus_port=args.prometheus_port,
+            hold=args.hold,
+            # printed before the hold, so a scraper can tell the run is complete
+            report=lambda rows, totals: _print(rows, totals, as_json=args.json),
+        )
+    except runner.DemoError as error:
+        return _error(str(error))
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    return _status(rows)
+
+
+def _print(rows: list[dict], totals: dict[str, dict[str, int]], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2), flush=True)
+        return
+    print(_table(rows))
+    ran = [row for row in rows if not row.get("skipped")]
+    passed = sum(bool(row["pass"]) for row in ran)
+    print(f"\n{passed} of {len(ran)} scenarios match their ground truth")
+    skipped = [row for row in rows if row.get("skipped")]
+    if skipped:
+        reasons = sorted({row["skipped"] for row in skipped})
+        print(f"{len(skipped)} skipped ({'; '.join(reasons)})")
+    for title, counts in totals.items():
+        listed = ", ".join(f"{key} {value}" for key, value in sorted(counts.items()))
+        print(f"{title}: {listed or 'none'}")
+    sys.stdout.flush()
+
+
+def _status(rows: list[dict]) -> int:
+    """0 when something ran and every row that ran matched its ground truth."""
+    ran = [row for row in rows if not row.get("skipped")]
+    return 0 if ran and all(row["pass"] for row in ran) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

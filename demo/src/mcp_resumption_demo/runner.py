@@ -1,0 +1,348 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Runs the wire scenarios with the plugin enabled and reads back what it
+detected, from the same telemetry a user's backend would receive."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+
+from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
+from opentelemetry.instrumentation.mcp_resumption import semconv as sc
+
+from . import scenarios
+from .scenarios import all_scenarios
+
+SETTLE_SECONDS = 1.0  # the confirmation window the demo runs with
+# How long --prometheus-port waits for the scrape that sees every server at 0.
+FIRST_SCRAPE_TIMEOUT = 60.0
+
+
+def _sums(reader: InMemoryMetricReader, metric_name: str, attribute: str) -> dict[str, int]:
+    """A counter's total per value of one attribute."""
+    sums: dict[str, int] = {}
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == metric_name:
+                    for point in metric.data.data_points:
+                        key = str(point.attributes.get(attribute))
+                        sums[key] = sums.get(key, 0) + int(point.value)
+    # every server's series start at 0: only what was counted
+    return {key: total for key, total in sums.items() if total}
+
+
+def _outcomes(reader: InMemoryMetricReader) -> dict[str, int]:
+    return _sums(reader, sc.ATTEMPTS[0], sc.RESUMPTION_OUTCOME)
+
+
+def _durations(reader: InMemoryMetricReader) -> dict[str, Any]:
+    """The duration histogram summed over its series: count, sum, buckets."""
+    merged: dict[str, Any] = {"count": 0, "sum": 0.0, "bounds": list(sc.DURATION_BUCKETS)}
+    counts = [0] * (len(sc.DURATION_BUCKETS) + 1)
+    data = reader.get_metrics_data()
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == sc.DURATION[0]:
+                    for point in metric.data.data_points:
+                        merged["bounds"] = list(point.explicit_bounds)
+                        counts = counts[: len(point.bucket_counts)]
+                        merged["count"] += point.count
+                        merged["sum"] += point.sum
+                        counts = [a + b for a, b in zip(counts, point.bucket_counts)]
+    merged["bucket_counts"] = counts
+    return merged
+
+
+def _points(reader: InMemoryMetricReader, metric_name: str) -> list:
+    data = reader.get_metrics_data()
+    return [
+        point
+        for resource in (data.resource_metrics if data else ())
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == metric_name
+        for point in metric.data.data_points
+    ]
+
+
+def _counted(reader: InMemoryMetricReader) -> dict[str, Any]:
+    crossings = 0
+    for point in _points(reader, sc.ATTEMPTS[0]):
+        previous = point.attributes.get(sc.RESUMPTION_PREVIOUS_TRANSPORT)
+        if previous not in (sc.NO_PREVIOUS_TRANSPORT, point.attributes.get(sc.MCP_TRANSPORT)):
+            crossings += int(point.value)
+    replayed: dict[str, int] = {}
+    for point in _points(reader, sc.REPLAYED_EVENTS[0]):
+        outcome = str(point.attributes.get(sc.RESUMPTION_OUTCOME))
+        replayed[outcome] = replayed.get(outcome, 0) + int(point.sum)
+    return {
+        "attempts": _outcomes(reader),
+        "gaps": _sums(reader, sc.GAPS[0], sc.GAP_KIND),
+        "duration": _durations(reader),
+        "transport_crossings": {"all": crossings} if crossings else {},
+        "replayed_events": replayed,
+        "stream_events": {"all": sum(int(p.value) for p in _points(reader, sc.STREAM_EVENTS[0]))},
+    }
+
+
+def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """What one scenario added to the totals of ``_counted``."""
+    changed = {}
+    for name in ("attempts", "gaps", "transport_crossings", "replayed_events", "stream_events"):
+        changed[name] = {
+            key: value - before[name].get(key, 0)
+            for key, value in after[name].items()
+            if value > before[name].get(key, 0)
+        }
+    a, b = after["duration"], before["duration"]
+    changed["duration"] = {
+        "count": a["count"] - b["count"],
+        "sum": a["sum"] - b["sum"],
+        "bounds": a["bounds"],
+        "bucket_counts": [x - y for x, y in zip(a["bucket_counts"], b["bucket_counts"])],
+    }
+    return changed
+
+
+class _Scrapes:
+    """Counts the scrapes of the Prometheus endpoint."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = threading.Condition()
+
+    def seen(self) -> None:
+        with self.changed:
+            self.count += 1
+            self.changed.notify_all()
+
+    def wait_after(self, count: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.count > count, timeout)
+
+
+class DemoError(Exception):
+    """A problem of the demo's setting (a busy port), not of a scenario: the
+    command line prints it as one line."""
+
+
+def _prometheus_reader(port: int, scrapes: _Scrapes) -> MetricReader:
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import start_http_server
+
+    # The endpoint first: a busy port is the user's to fix, before anything runs.
+    try:
+        start_http_server(port, addr="127.0.0.1")
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise DemoError(
+                f"127.0.0.1:{port} is already in use: choose another --prometheus-port"
+            ) from None
+        raise DemoError(f"cannot serve metrics on 127.0.0.1:{port}: {error.strerror}") from None
+
+    class CountingReader(PrometheusMetricReader):
+        def _receive_metrics(self, metrics_data: Any, *args: Any, **kwargs: Any) -> None:
+            super()._receive_metrics(metrics_data, *args, **kwargs)
+            scrapes.seen()
+
+    return CountingReader()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _announce_servers(
+    instrumentor: McpResumptionInstrumentor, count: int, scrapes: _Scrapes
+) -> None:
+    """A real client knows its servers long before a stream breaks, and
+    Prometheus has scraped their counters at 0 by then; the demo's scenarios
+    break their streams within a second of the first request.  So, for a
+    scrape, the routers' ports are chosen up front, their servers are seen
+    (every series at 0), and the scenarios start once a scrape has read that:
+    otherwise each first count would be a series born at 1, which increase()
+    cannot see."""
+    ports = [_free_port() for _ in range(count)]
+    scenarios.router_ports[:] = ports
+    before = scrapes.count
+    for port in ports:
+        instrumentor.processor.server_seen("127.0.0.1", port)
+    print("waiting for a scrape of the metrics endpoint ...", file=sys.stderr, flush=True)
+    if not scrapes.wait_after(before, FIRST_SCRAPE_TIMEOUT):
+        print(
+            f"no scrape within {FIRST_SCRAPE_TIMEOUT:g} s: the first counts will not show "
+            "in increase() and rate()",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _otlp(tracer_provider: TracerProvider, logger_provider: LoggerProvider) -> list[MetricReader]:
+    """OTLP/HTTP export of all three signals, when the standard variable asks."""
+    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return []
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    logger_provider.add_log_record_processor(BatchLogRecordProcessor(OTLPLogExporter()))
+    return [PeriodicExportingMetricReader(OTLPMetricExporter())]
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _skipped_row(scenario: scenarios.Scenario, reason: str, nothing: dict[str, Any]) -> dict:
+    """A scenario that could not run here (node is missing): said so, never a
+    pass; ``nothing`` is a ``counted`` of zeros, so that every row has one."""
+    return {
+        "scenario": scenario.name,
+        "happened": scenario.happened,
+        "expected": sorted(scenario.expected_gaps),
+        "detected": [],
+        "outcome": "-",
+        "pass": None,
+        "skipped": reason,
+        "resumes": 0,
+        "server_address": "127.0.0.1",
+        "server_port": 0,
+        "counted": nothing,
+    }
+
+
+def run(
+    names: Iterable[str] | None = None,
+    *,
+    prometheus_port: int | None = None,
+    hold: float = 0.0,
+    report: Callable[[list[dict], dict[str, dict[str, int]]], None] | None = None,
+) -> tuple[list[dict], dict[str, dict[str, int]]]:
+    """Run the scenarios (all, or ``names``); return one row each, and the
+    metric totals (resumes by outcome, gaps by kind) of the whole run.
+
+    With ``prometheus_port`` the metrics are served on 127.0.0.1 for a scrape,
+    and kept up ``hold`` seconds after ``report`` was given the results.
+    Progress (``[N/total]`` and the elapsed seconds) goes to stderr. A
+    scenario whose ``prepare`` gives a reason (node is missing) gets a row that
+    says ``skipped`` with that reason. Raises :class:`DemoError` for a busy
+    Prometheus port."""
+    started = time.monotonic()
+    wanted = set(names or ())
+    resource = Resource.create({"service.name": "mcp-resumption-demo"})
+    logs = InMemoryLogRecordExporter()
+    logger_provider = LoggerProvider(resource=resource)
+    logger_provider.add_log_record_processor(SimpleLogRecordProcessor(logs))
+    tracer_provider = TracerProvider(resource=resource)
+    reader = InMemoryMetricReader()
+    readers: list[Any] = [reader, *_otlp(tracer_provider, logger_provider)]
+    scrapes = _Scrapes()
+    if prometheus_port is not None:
+        readers.append(_prometheus_reader(prometheus_port, scrapes))
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    instrumentor = McpResumptionInstrumentor()
+    instrumentor.instrument(
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        logger_provider=logger_provider,
+        confirm_timeout=SETTLE_SECONDS,
+    )
+    rows = []
+    selected = [s for s in all_scenarios() if not wanted or s.name in wanted]
+    try:
+        # Before any port is announced: a scenario that cannot run here
+        # (node is missing) gets no server to show at 0.
+        unavailable = {
+            s.name: reason
+            for s in selected
+            if s.prepare is not None and (reason := s.prepare()) is not None
+        }
+        if prometheus_port is not None:
+            _announce_servers(instrumentor, len(selected) - len(unavailable), scrapes)
+        total = len(selected)
+        for number, scenario in enumerate(selected, 1):
+            step = f"[{number}/{total}]"
+            _progress(f"{step} {scenario.name} ... ({time.monotonic() - started:.1f} s elapsed)")
+            began = time.monotonic()
+            if (reason := unavailable.get(scenario.name)) is not None:
+                now = _counted(reader)
+                rows.append(_skipped_row(scenario, reason, _difference(now, now)))
+                _progress(f"{step} {scenario.name}: skipped: {reason}")
+                continue
+            logs.clear()
+            counted_before = _counted(reader)
+            before = counted_before["attempts"]
+            wire = asyncio.run(scenario.run())
+            time.sleep(SETTLE_SECONDS + 0.2)  # let open confirmation windows close
+            counted = _difference(_counted(reader), counted_before)
+            after = _outcomes(reader)
+            outcomes = sorted(k for k in after if after[k] > before.get(k, 0))
+            detected = sorted(
+                {
+                    str(record.log_record.attributes.get(sc.GAP_KIND))
+                    for record in logs.get_finished_logs()
+                }
+            )
+            expected = sorted(scenario.expected_gaps)
+            rows.append(
+                {
+                    "scenario": scenario.name,
+                    "happened": scenario.happened,
+                    "expected": expected,
+                    "detected": detected,
+                    "outcome": ",".join(outcomes) or "-",
+                    # A reconnect loop makes several attempts: the expected
+                    # outcome must be among them, and a control none that is a gap.
+                    "pass": detected == expected
+                    and scenario.expected_outcome in outcomes
+                    and (bool(expected) or "gap" not in outcomes),
+                    "resumes": len(wire.resumes),
+                    # what the plugin counted in this scenario, and against
+                    # which server (the router the client connected to)
+                    "server_address": "127.0.0.1",
+                    "server_port": scenarios.last_router_port,
+                    "counted": counted,
+                }
+            )
+            verdict = "PASS" if rows[-1]["pass"] else "FAIL"
+            _progress(f"{step} {scenario.name}: {verdict} in {time.monotonic() - began:.1f} s")
+        _progress(f"done: {total} scenarios in {time.monotonic() - started:.1f} s")
+        totals = {
+            "resumes by outcome": _outcomes(reader),
+            "gaps by kind": _sums(reader, sc.GAPS[0], sc.GAP_KIND),
+        }
+        if report is not None:
+            report(rows, totals)
+        if hold > 0:
+            _progress(f"holding the metrics endpoint on 127.0.0.1:{prometheus_port} for {hold:g} s")
+            time.sleep(hold)
+    finally:
+        scenarios.router_ports[:] = []
+        instrumentor.uninstrument()
+        for provider in (tracer_provider, meter_provider, logger_provider):
+            provider.shutdown()
+    return rows, totals

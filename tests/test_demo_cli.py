@@ -1,0 +1,144 @@
+"""The ``mcp-resumption`` command as a user meets it, through the installed
+console script in a subprocess: its help and version, its progress on
+stderr, and one-line errors (no traceback) for what the user must fix."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+COMMAND = Path(sys.executable).with_name("mcp-resumption")
+PROGRESS = re.compile(
+    r"^\[(\d+)/(\d+)\] ([a-z0-9_]+)(?: \.\.\. \(\d+\.\d s elapsed\)"
+    r"|: (?:PASS|FAIL) in \d+\.\d s|: skipped: .+)$"
+    r"|^done: \d+ scenarios in \d+\.\d s$"
+)
+
+
+def cli(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTHONPATH"))}
+    return subprocess.run(
+        [str(COMMAND), *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess, *needles: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("mcp-resumption: error: "), line
+    for needle in needles:
+        assert needle in line, line
+    assert result.stdout == ""
+    return line
+
+
+def test_version_names_the_demo_the_plugin_and_the_sdk():
+    result = cli("--version")
+    assert result.returncode == 0, result.stderr
+    plugin = importlib.metadata.version("opentelemetry-instrumentation-mcp-resumption")
+    assert result.stdout.strip() == (
+        f"mcp-resumption {importlib.metadata.version('mcp-resumption-demo')} "
+        f"(opentelemetry-instrumentation-mcp-resumption {plugin}, "
+        f"mcp {importlib.metadata.version('mcp')})"
+    )
+
+
+def test_the_demo_pins_the_plugin_of_its_own_version():
+    """The engine table drives the plugin's tracker: they are released together."""
+    pyproject = (ROOT / "demo" / "pyproject.toml").read_text()
+    [pin] = re.findall(r'"opentelemetry-instrumentation-mcp-resumption == ([^"]+)"', pyproject)
+    plugin = importlib.metadata.version("opentelemetry-instrumentation-mcp-resumption")
+    assert pin == plugin == importlib.metadata.version("mcp-resumption-demo")
+
+
+def test_help_says_what_the_command_is_for():
+    result = cli("--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "catch silent event loss when MCP clients resume" in text
+    assert "the command-line entry point" not in text
+    for command in ("demo", "scenario", "engine"):
+        assert re.search(rf"^  {command} ", result.stdout, re.M), result.stdout
+    assert "mcp-resumption demo --prometheus-port 9464 --hold 600" in result.stdout
+
+
+def test_hold_without_a_metrics_endpoint_is_refused_at_once():
+    started = time.monotonic()
+    result = cli("demo", "--hold", "30")
+    one_line_error(result, "--hold needs --prometheus-port")
+    assert time.monotonic() - started < 20, "refused before running or holding anything"
+
+
+def test_a_busy_prometheus_port_is_one_line_and_runs_nothing():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = cli("demo", "--prometheus-port", str(port), "--scenario", "caught_up_priming")
+    one_line_error(result, f"127.0.0.1:{port} is already in use", "--prometheus-port")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("demo", "--scenario", "no_such_row"), "unknown scenario no_such_row; known: "),
+        (("scenario", "no_such_row"), "unknown scenario no_such_row; known: "),
+    ],
+)
+def test_an_unknown_scenario_is_one_line(args, needle):
+    one_line_error(cli(*args), needle)
+
+
+def test_progress_counts_scenarios_and_seconds_and_nothing_else_reaches_stderr():
+    """stateless_migration is where uvicorn used to log "ASGI callable returned
+    without starting response." (the SDK's transport without an event store
+    answered nothing); every scenario whose client ends an SDK session is
+    where mcp 1.x logged a ClosedResourceError traceback."""
+    names = ("stateless_migration", "faithful_resume_int")
+    result = cli("demo", *(arg for name in names for arg in ("--scenario", name)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    assert [line for line in lines if not PROGRESS.match(line)] == [], result.stderr
+    starts = [PROGRESS.match(line).groups()[:3] for line in lines if "elapsed)" in line]
+    assert starts == [("1", "2", names[0]), ("2", "2", names[1])]
+    ends = [line for line in lines if re.search(r": PASS in \d+\.\d s$", line)]
+    assert len(ends) == 2
+    assert re.fullmatch(r"done: 2 scenarios in \d+\.\d s", lines[-1])
+    assert "2 of 2 scenarios match their ground truth" in result.stdout
+
+
+def test_without_node_the_typescript_rows_say_skipped_and_the_rest_still_decides():
+    """PATH with the venv's scripts only: no node, no npm."""
+    ts_rows = ("ts_poll_cut_twice", "ts_store_lost_cursor")
+    names = ("caught_up_priming", *ts_rows)
+    result = cli(
+        "demo", *(arg for name in names for arg in ("--scenario", name)), PATH=str(COMMAND.parent)
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ts_rows:
+        row = rf"^{name} .* skipped: node not found$"
+        assert re.search(row, result.stdout, re.M), result.stdout
+        assert f"] {name}: skipped: node not found" in result.stderr
+    assert "1 of 1 scenarios match their ground truth" in result.stdout
+    assert "2 skipped (node not found)" in result.stdout
+    assert [line for line in result.stderr.splitlines() if not PROGRESS.match(line)] == []
+
+
+def test_without_node_a_typescript_scenario_alone_is_a_one_line_error():
+    result = cli("scenario", "ts_poll_cut_twice", PATH=str(COMMAND.parent))
+    one_line_error(result, "scenario ts_poll_cut_twice cannot run here: node not found")
