@@ -113,3 +113,15 @@ def load(
         if redact is None
         else _choice(REDACT_URLS, redact, ("true", "false"), "true") == "true",
     )
+
+
+SERVER_GUARD = "OTEL_PYTHON_MCP_RESUMPTION_SERVER_GUARD"
+SERVER_GUARDS = ("off", "reject")
+
+
+def load_server_guard(override: object | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The server guard: ``instrument(guard=...)`` first, then the environment.
+    A function of its own beside ``load``: only the server instrumentor reads it."""
+    env = os.environ if env is None else env
+    value = override if override is not None else (env.get(SERVER_GUARD) or None)
+    return SERVER_GUARDS[0] if value is None else _choice(SERVER_GUARD, value, SERVER_GUARDS, "off")
