@@ -36,16 +36,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import httpx  # noqa: E402
-from opentelemetry.sdk._logs import LoggerProvider  # noqa: E402
-from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
-from server_harness import MCP_MAJOR, RawSession, UuidStore, build_app, running  # noqa: E402
+import httpx
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry.instrumentation.mcp_resumption.server import (  # noqa: E402
+from opentelemetry.instrumentation.mcp_resumption.server import (
     McpResumptionServerInstrumentor,
     ProvableEventStore,
 )
+from server_harness import MCP_MAJOR, RawSession, UuidStore, build_app, running
 
 CONFIGS = ("bare", "observe", "guard", "provable")
 KINDS = ("POST tools/call", "GET resume, known cursor", "GET resume, unknown cursor")
@@ -131,7 +131,10 @@ def main() -> int:
         f"{args.requests} requests, {time.monotonic() - started:.1f} s, httpx {httpx.__version__}"
     )
     print()
-    print("| request | configuration | server CPU µs/request | ratio vs bare [min–max] | added µs/request |")
+    print(
+        "| request | configuration | server CPU µs/request | ratio vs bare [min–max] "
+        "| added µs/request |"
+    )
     print("|---|---|---:|---:|---:|")
     for kind in KINDS:
         for name in CONFIGS:
