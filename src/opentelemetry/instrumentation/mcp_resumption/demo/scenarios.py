@@ -873,15 +873,18 @@ _SCENARIOS: Final = (
 
 
 def all_scenarios() -> tuple[Scenario, ...]:
-    """Every scenario, in the order of the seeds (the controls last)."""
-    return _SCENARIOS
+    """Every scenario, in the order of the seeds (the controls last), then the
+    server half's rows (``server_scenarios``)."""
+    from .server_scenarios import SCENARIOS as server_rows
+
+    return _SCENARIOS + server_rows
 
 
 def get_scenario(name: str) -> Scenario:
-    for scenario in _SCENARIOS:
+    for scenario in all_scenarios():
         if scenario.name == name:
             return scenario
-    known = ", ".join(s.name for s in _SCENARIOS)
+    known = ", ".join(s.name for s in all_scenarios())
     raise KeyError(f"unknown scenario {name!r}; known: {known}")
 
 
