@@ -325,3 +325,60 @@ def test_guard_rejects_a_resume_on_a_server_without_a_store(telemetry):
     assert status == 410
     [point] = [p for p in telemetry.points(REQUESTS) if p.value]
     assert point.attributes["mcp.resumption.gap.kind"] == "no_store"
+
+
+# -- host safety and lifecycle ------------------------------------------------------------
+
+
+class BrokenStore(UuidStore):
+    """A store whose replay fails: the SDK's own error path, whatever we do."""
+
+    async def replay_events_after(self, last_event_id, send_callback):
+        raise RuntimeError("the store is down")
+
+
+@pytest.mark.parametrize("guard", ["off", "reject"])
+def test_a_failing_store_fails_as_it_does_bare(telemetry, guard):
+    answers = []
+    for instrumented in (False, True):
+        context = (
+            server_instrumented(telemetry, guard=guard) if instrumented
+            else contextlib.nullcontext()
+        )
+        with context, running(build_app(BrokenStore())) as server:
+            raw = RawSession(server.url)
+            raw.echo("x")
+            status, _, body = raw.resume(raw.last_ids[0], timeout=1)
+            raw.close()
+        answers.append((status, body.count(b"data: {")))
+    assert answers[0] == answers[1]
+
+
+def test_uninstrument_removes_every_patch(telemetry):
+    import mcp.server.sse as sse
+    import mcp.server.streamable_http as transport
+    import mcp.server.streamable_http_manager as manager
+
+    targets = [
+        (transport.StreamableHTTPServerTransport, "__init__"),
+        (transport.StreamableHTTPServerTransport, "_replay_events"),
+        (manager.StreamableHTTPSessionManager, "_handle_stateful_request"),
+        (sse.SseServerTransport, "connect_sse"),
+    ]
+    from wrapt import FunctionWrapper
+
+    def patched() -> list[bool]:
+        return [isinstance(vars(owner)[name], FunctionWrapper) for owner, name in targets]
+
+    for _ in range(2):
+        with server_instrumented(telemetry):
+            assert all(patched())
+        assert not any(patched())
+    # uninstrumented again: nothing is counted, the resume is the SDK's
+    with running(build_app(UuidStore())) as server:
+        raw = RawSession(server.url)
+        raw.echo("bare")
+        status, _, body = raw.resume(raw.last_ids[0], timeout=1)
+        raw.close()
+    assert status == 200 and b'"bare"' in body
+    assert server_outcomes(telemetry) == {}

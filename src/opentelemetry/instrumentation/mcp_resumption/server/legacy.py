@@ -61,7 +61,10 @@ class _Refused:
         from starlette.responses import Response
 
         observer, resume, scope, receive, send = self._args
-        observer.record(resume, sc.SERVER_REJECTED_BY_GUARD, refused=sc.SERVER_NO_STORE)
+        guarded(
+            "counting a rejected resume", observer.record, resume,
+            sc.SERVER_REJECTED_BY_GUARD, refused=sc.SERVER_NO_STORE,
+        )
         body = {
             "jsonrpc": "2.0",
             "id": "server-error",

@@ -83,7 +83,9 @@ class ObservedStore(ObjectProxy):  # type: ignore[misc]
         if request is None or observer is None or request.last_event_id != last_event_id:
             # Not the transport's resume (the application's own call): as is.
             return await self.__wrapped__.replay_events_after(last_event_id, send_callback)
-        known, cursor_session = observer.cursor_session(self.__wrapped__, last_event_id)
+        known, cursor_session = guarded(
+            "looking up a cursor", observer.cursor_session, self.__wrapped__, last_event_id
+        ) or (False, None)
         replayed = 0
 
         async def counting(event: Any) -> None:
@@ -159,14 +161,16 @@ async def _replay_observed(observer, wrapped, instance, args, kwargs):
         return await wrapped(*args, **kwargs)
     store = guarded("observing an event store", _observe_store, instance)
     if not getattr(instance, "_event_store", None):
-        if observer.rejecting:
-            return await _reject(observer, instance, resume, sc.SERVER_NO_STORE, request, send)
+        answer = _refusal(instance, sc.SERVER_NO_STORE) if observer.rejecting else None
+        if answer is not None:
+            return await _reject(observer, answer, resume, sc.SERVER_NO_STORE, request, send)
         guarded("counting a resume", observer.record, resume, sc.SERVER_NO_STORE)
         return await wrapped(*args, **kwargs)
     if observer.rejecting and isinstance(store, ObservedStore):
         refused = await _check(observer, store, resume)
-        if refused is not None:
-            return await _reject(observer, instance, resume, refused, request, send)
+        answer = _refusal(instance, refused) if refused is not None else None
+        if answer is not None:
+            return await _reject(observer, answer, resume, refused, request, send)
     token = _current.set(resume)
     try:
         return await wrapped(*args, **kwargs)
@@ -178,7 +182,9 @@ async def _check(observer: Any, store: ObservedStore, resume: ResumeRequest) -> 
     """The guard: what it must refuse, before any byte of the answer goes out.
     The store is read here, into memory, and the transport then replays from
     that (the store is read once, as without the guard)."""
-    known, session = observer.cursor_session(store.__wrapped__, resume.last_event_id)
+    known, session = guarded(
+        "looking up a cursor", observer.cursor_session, store.__wrapped__, resume.last_event_id
+    ) or (False, None)
     if known and session is not None and session != resume.session_id:
         resume.cursor_session = session
         return sc.SERVER_OTHER_SESSION
@@ -199,16 +205,22 @@ async def _check(observer: Any, store: ObservedStore, resume: ResumeRequest) -> 
 
 
 async def _reject(
-    observer: Any, transport: Any, resume: ResumeRequest, refused: str, request: Any, send: Any
+    observer: Any, answer: Any, resume: ResumeRequest, refused: str, request: Any, send: Any
 ) -> None:
     guarded(
         "counting a rejected resume", observer.record, resume, sc.SERVER_REJECTED_BY_GUARD,
         refused=refused, cursor_session=resume.cursor_session,
     )
-    response = transport._create_error_response(
-        GUARD_MESSAGES[refused], GUARD_STATUS, GUARD_ERROR_CODE
+    await answer(request.scope, request.receive, send)
+
+
+def _refusal(transport: Any, refused: str) -> Any:
+    """The guard's answer, in the SDK's own format; None if this SDK cannot
+    make it (the resume then goes on as without the guard)."""
+    return guarded(
+        "making the guard's answer", transport._create_error_response,
+        GUARD_MESSAGES[refused], GUARD_STATUS, GUARD_ERROR_CODE,
     )
-    await response(request.scope, request.receive, send)
 
 
 def _manager_request(wrapped, instance, args, kwargs):
