@@ -382,3 +382,14 @@ def test_uninstrument_removes_every_patch(telemetry):
         raw.close()
     assert status == 200 and b'"bare"' in body
     assert server_outcomes(telemetry) == {}
+
+
+def test_the_guard_setting_is_validated(caplog):
+    from opentelemetry.instrumentation.mcp_resumption import config
+
+    assert config.load_server_guard(env={}) == "off"
+    assert config.load_server_guard(env={config.SERVER_GUARD: "REJECT"}) == "reject"
+    assert config.load_server_guard("off", env={config.SERVER_GUARD: "reject"}) == "off"
+    with caplog.at_level("WARNING"):
+        assert config.load_server_guard(env={config.SERVER_GUARD: "block"}) == "off"
+    assert config.SERVER_GUARD in caplog.text and "reject" in caplog.text
