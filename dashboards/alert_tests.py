@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # ruff: noqa: E501
 # (test tables read better one case to a line)
-"""Writes dashboards/alerts.test.yaml, the promtool unit tests of alerts.yaml.
+"""Writes dashboards/alerts.test.yaml, the promtool unit tests of alerts.yaml,
+and dashboards/alerts-server.test.yaml, those of alerts-server.yaml.
 
     python3 dashboards/alert_tests.py          # rewrite the tests
     python3 dashboards/alert_tests.py --check  # exit 1 if the file is not what this writes
@@ -24,12 +25,15 @@ import yaml
 
 HERE = Path(__file__).parent
 OUT = HERE / "alerts.test.yaml"
+SERVER_OUT = HERE / "alerts-server.test.yaml"
 JOB, CLIENT = "mcp-client", "client-a:9464"
 SERVER = {"server_address": "tools.example.com", "server_port": "443"}
 
 
 def rules() -> dict[str, dict[str, Any]]:
-    document = yaml.safe_load((HERE / "alerts.yaml").read_text(encoding="utf-8"))
+    document = {"groups": []}
+    for name in ("alerts.yaml", "alerts-server.yaml"):
+        document["groups"] += yaml.safe_load((HERE / name).read_text(encoding="utf-8"))["groups"]
     return {r["alert"]: r for g in document["groups"] for r in g["rules"] if "alert" in r}
 
 
@@ -202,22 +206,66 @@ def build() -> dict[str, Any]:
     return {"rule_files": ["alerts.yaml"], "evaluation_interval": "1m", "tests": tests}
 
 
+def server_cases() -> list[dict[str, Any]]:
+    srv_instance = "server-a:9464"
+
+    def requests(outcome: str, values: str, server: dict = SERVER, **labels: str) -> dict[str, str]:
+        merged = {"job": "mcp-server", "instance": srv_instance, **server,
+                  "mcp_transport": "streamable-http", "mcp_resumption_outcome": outcome, **labels}
+        inner = ", ".join(f'{k}="{v}"' for k, v in merged.items())
+        return {"series": f"mcp_server_resumption_requests_total{{{inner}}}", "values": values}
+
+    labels = {"job": "mcp-server", **SERVER}
+    tests = []
+    for alert, kind, other in (("McpServerResumptionUnknownCursor", "unknown_cursor", "other_session"),
+                               ("McpServerResumptionOtherSession", "other_session", "unknown_cursor")):
+        tests += [
+            case(f"{alert} fires on one {kind} answered 200, and resolves",
+                 [requests(kind, "0x10 1x30"), requests("replayed", "0+5x40")],
+                 [check(alert, "9m"), check(alert, "13m", expected(alert, **labels)), check(alert, "30m")]),
+            case(f"{alert} fires on one {kind} refused by the guard",
+                 [requests("rejected_by_guard", "0x10 1x30", mcp_resumption_gap_kind=kind)],
+                 [check(alert, "13m", expected(alert, **labels))]),
+            case(f"{alert} quiet: other outcomes only (the guard refusing the other kind, no_store, unknown_session)",
+                 [requests(kind, "0x40"), requests(other, "0+1x40"), requests("unknown_session", "0+1x40"),
+                  requests("rejected_by_guard", "0+1x40", mcp_resumption_gap_kind="no_store"),
+                  requests("rejected_by_guard", "0+1x40", mcp_resumption_gap_kind=other)],
+                 [check(alert, t) for t in ("5m", "40m")]),
+            case(f"{alert} quiet after a scrape outage: the request before it is not news",
+                 [requests(kind, "0x5 1x10 _x15 1x20")],
+                 [check(alert, "8m", expected(alert, **labels)), check(alert, "35m"), check(alert, "45m")]),
+            case(f"{alert} quiet on a fresh Prometheus with old counters",
+                 [requests(kind, "4x40", server=OLD)],
+                 [check(alert, t) for t in ("5m", "40m")]),
+        ]
+    return tests
+
+
 HEADER = """\
 # promtool unit tests for alerts.yaml, written by dashboards/alert_tests.py
 # (edit that, then run it). Every alert: firing, quiet, quiet after a scrape
 # outage, quiet on a fresh Prometheus with old counters.
 # Run: bash dashboards/check.sh  (or: promtool test rules dashboards/alerts.test.yaml)
 """
+SERVER_HEADER = HEADER.replace("alerts.yaml", "alerts-server.yaml").replace(
+    "alerts.test.yaml", "alerts-server.test.yaml"
+)
 
 
 def main(argv: list[str]) -> int:
-    text = HEADER + yaml.safe_dump(build(), sort_keys=False, width=200, allow_unicode=True)
-    if "--check" in argv:
-        if OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT.name} is not what alert_tests.py writes: run python3 {__file__}")
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
+    outputs = (
+        (OUT, HEADER, build()),
+        (SERVER_OUT, SERVER_HEADER, {"rule_files": ["alerts-server.yaml"],
+                                     "evaluation_interval": "1m", "tests": server_cases()}),
+    )
+    for out, header, document in outputs:
+        text = header + yaml.safe_dump(document, sort_keys=False, width=200, allow_unicode=True)
+        if "--check" in argv:
+            if out.read_text(encoding="utf-8") != text:
+                print(f"{out.name} is not what alert_tests.py writes: run python3 {__file__}")
+                return 1
+            continue
+        out.write_text(text, encoding="utf-8")
     return 0
 
 

@@ -12,6 +12,8 @@ fi
 
 promtool check rules dashboards/alerts.yaml
 promtool test rules dashboards/alerts.test.yaml
+promtool check rules dashboards/alerts-server.yaml
+promtool test rules dashboards/alerts-server.test.yaml
 promtool check config dashboards/prometheus.yml
-# the dashboard and the alert tests are generated: fail if they were edited by hand
+# the dashboards and the alert tests are generated: fail if they were edited by hand
 "${PYTHON:-python3}" dashboards/generate.py --check

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 # ruff: noqa: E501
 # (panel text and queries read better unbroken; not formatted by ruff format)
-"""Writes dashboards/mcp-resumption.json: every panel and query written once.
+"""Writes dashboards/mcp-resumption.json (the clients) and
+dashboards/mcp-resumption-server.json (the servers): every panel and query
+written once.
 
     python3 dashboards/generate.py          # rewrite the JSON
     python3 dashboards/generate.py --check  # exit 1 if the JSON is not what this writes
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 OUT = Path(__file__).with_name("mcp-resumption.json")
+SERVER_OUT = Path(__file__).with_name("mcp-resumption-server.json")
 DS = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'job=~"$job", instance=~"$instance", server_address=~"$server_address"'
 ATTEMPTS = "mcp_client_resumption_attempts_total"
@@ -431,13 +434,16 @@ def build() -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    text = json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
-    if "--check" in argv:
-        if OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT.name} is not what generate.py writes: run python3 {__file__}")
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
+    from generate_server import build_server
+
+    for out, document in ((OUT, build()), (SERVER_OUT, build_server())):
+        text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+        if "--check" in argv:
+            if out.read_text(encoding="utf-8") != text:
+                print(f"{out.name} is not what generate.py writes: run python3 {__file__}")
+                return 1
+            continue
+        out.write_text(text, encoding="utf-8")
     return 0
 
 

@@ -97,6 +97,8 @@ def test_scenarios_carry_design_names() -> None:
         "poll_store_reset",
         "ts_poll_cut_twice",
         "ts_store_lost_cursor",
+        "faithful_resume_provable",
+        "store_reset_guarded",
     ]
     for scenario in scenarios:
         assert set(scenario.expected_gaps) <= set(GAP_KINDS), scenario.name
@@ -201,7 +203,13 @@ def test_stateless_migration(run: _Run) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["faithful_resume_int", "faithful_resume_prefixed", "faithful_resume_uuid"]
+    "name",
+    [
+        "faithful_resume_int",
+        "faithful_resume_prefixed",
+        "faithful_resume_uuid",
+        "faithful_resume_provable",
+    ],
 )
 def test_faithful_resume(run: _Run, name: str) -> None:
     wire = run.wires[name]
@@ -222,6 +230,10 @@ def test_faithful_resume(run: _Run, name: str) -> None:
     elif name == "faithful_resume_prefixed":
         assert cursor is not None
         prefix = cursor.rpartition("_")[0] + "_"
+        assert all(_n(i, prefix) > _n(cursor, prefix) for i in resume.event_ids)
+    elif name == "faithful_resume_provable":  # ProvableEventStore's <stream>:<n>
+        assert cursor is not None
+        prefix = cursor.rpartition(":")[0] + ":"
         assert all(_n(i, prefix) > _n(cursor, prefix) for i in resume.event_ids)
 
 
@@ -253,6 +265,16 @@ def test_expired_session_404(run: _Run) -> None:
     resume = wire.resume
     assert resume.status == 404
     assert resume.session_id_sent == wire.session_id_before
+    assert resume.events == [] and not wire.in_flight
+    assert wire.reinitialized and wire.session_id_after not in (None, wire.session_id_before)
+
+
+def test_store_reset_guarded(run: _Run) -> None:
+    wire = run.wires["store_reset_guarded"]
+    resume = wire.resume
+    assert resume.status == 410  # the server guard, not 200 and an empty stream
+    assert resume.session_id_sent == wire.session_id_before
+    assert resume.last_event_id_sent == wire.received_before[-1].id
     assert resume.events == [] and not wire.in_flight
     assert wire.reinitialized and wire.session_id_after not in (None, wire.session_id_before)
 

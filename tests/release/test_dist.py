@@ -85,6 +85,10 @@ def test_wheel_holds_the_package_and_nothing_else(dist):
         next(name for name in info if name.endswith("entry_points.txt"))
     )
     assert b"mcp_resumption = opentelemetry.instrumentation.mcp_resumption:" in entry_points
+    assert (
+        b"mcp_resumption_server = opentelemetry.instrumentation.mcp_resumption.server:"
+        in entry_points
+    )
 
 
 def test_sdist_can_rebuild_and_test_but_carries_no_caches(dist):
@@ -225,7 +229,8 @@ def test_the_installed_package_is_the_wheel(venv):
     )
     where, entry_points = result.stdout.splitlines()
     assert Path(where).is_relative_to(venv / "venv"), where
-    assert eval(entry_points) == ["mcp_resumption"], "only our instrumentor is installed"
+    # only ours: the client half and the server half
+    assert sorted(eval(entry_points)) == ["mcp_resumption", "mcp_resumption_server"]
 
 
 def test_httpx_sse_client_resumes_are_counted(venv, servers):

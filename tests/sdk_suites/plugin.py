@@ -6,6 +6,11 @@ Loaded with ``-p plugin`` (``tests/sdk_suites`` on ``PYTHONPATH``) by
 instrumented at all), ``observe`` or ``enforce``; ``MCP_RESUMPTION_SUITE_OUT``
 is the JSON file written at the end: every test's result, and every resume
 attempt and gap, each attributed to the test that started the resume.
+
+In observe and enforce mode the server half (``McpResumptionServerInstrumentor``,
+guard off) is instrumented too: the SDK's server tests must give the same
+results with it as without.  What it counted goes into ``server``: outcomes
+per test, and its gap events, kept apart from the client's.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ _by_span: dict[int, str] = {}  # span id of an mcp.resume span -> node id
 _results: dict[str, str] = {}
 _gaps: list[dict[str, Any]] = []
 _attempts: list[dict[str, Any]] = []
+_server_gaps: list[dict[str, Any]] = []
 _instrumentor: Any = None
+_server_instrumentor: Any = None
+_server_reader: Any = None
 
 
 def _start() -> None:
-    global _instrumentor
+    global _instrumentor, _server_instrumentor, _server_reader
     from opentelemetry.sdk._logs import LoggerProvider, LogRecordProcessor
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -70,6 +78,10 @@ def _start() -> None:
             if getattr(record, "event_name", None) != "resumption.gap":
                 return
             attributes = dict(record.attributes or {})
+            if attributes.get("mcp.resumption.gap.kind") in ("unknown_cursor", "other_session"):
+                with _lock:  # the server half's kinds: not a client gap
+                    _server_gaps.append({"test": _current[0], **attributes})
+                return
             with _lock:
                 test = _by_span.get(record.span_id, _current[0])
                 _gaps.append(
@@ -103,6 +115,17 @@ def _start() -> None:
         meter_provider=meter_provider,
         logger_provider=logger_provider,
     )
+    from opentelemetry.instrumentation.mcp_resumption.server import (
+        McpResumptionServerInstrumentor,
+    )
+
+    _server_reader = InMemoryMetricReader()
+    _server_instrumentor = McpResumptionServerInstrumentor()
+    _server_instrumentor.instrument(
+        guard="off",
+        meter_provider=MeterProvider(metric_readers=[_server_reader]),
+        logger_provider=logger_provider,
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -130,6 +153,19 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _results[report.nodeid] = outcome
 
 
+def _server_outcomes() -> dict[str, int]:
+    totals: dict[str, int] = {}
+    data = _server_reader.get_metrics_data() if _server_reader is not None else None
+    for resource in data.resource_metrics if data else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == "mcp.server.resumption.requests":
+                    for point in metric.data.data_points:
+                        outcome = str(point.attributes.get("mcp.resumption.outcome"))
+                        totals[outcome] = totals.get(outcome, 0) + int(point.value)
+    return {outcome: total for outcome, total in totals.items() if total}
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if OUT is None or os.environ.get("PYTEST_XDIST_WORKER"):
         return
@@ -139,6 +175,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             "results": _results,
             "gaps": list(_gaps),
             "attempts": list(_attempts),
+            "server": {"outcomes": _server_outcomes(), "gaps": list(_server_gaps)},
         }
     with open(OUT, "w", encoding="utf-8") as out:
         json.dump(data, out, indent=1, sort_keys=True)

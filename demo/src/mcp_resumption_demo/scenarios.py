@@ -948,7 +948,10 @@ _SCENARIOS: Final = (
 # Modules that add rows of their own, each with a ``SCENARIOS`` tuple; their
 # rows follow the ones above, in this order. A new family of rows is a new
 # module and one line here.
-SCENARIO_MODULES: Final = ("mcp_resumption_demo.ts_scenarios",)
+SCENARIO_MODULES: Final = (
+    "mcp_resumption_demo.ts_scenarios",
+    "mcp_resumption_demo.server_scenarios",
+)
 
 
 @functools.cache

@@ -141,3 +141,15 @@ def load(
         else _choice(REDACT_URLS, redact, ("true", "false"), "true") == "true",
         event_id_pattern=None if pattern is None else _pattern(EVENT_ID_PATTERN, pattern),
     )
+
+
+SERVER_GUARD = "OTEL_PYTHON_MCP_RESUMPTION_SERVER_GUARD"
+SERVER_GUARDS = ("off", "reject")
+
+
+def load_server_guard(override: object | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The server guard: ``instrument(guard=...)`` first, then the environment.
+    A function of its own beside ``load``: only the server instrumentor reads it."""
+    env = os.environ if env is None else env
+    value = override if override is not None else (env.get(SERVER_GUARD) or None)
+    return SERVER_GUARDS[0] if value is None else _choice(SERVER_GUARD, value, SERVER_GUARDS, "off")

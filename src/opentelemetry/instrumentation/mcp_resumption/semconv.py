@@ -100,3 +100,38 @@ EVICTED_STREAMS = (
     "{stream}",
     "Tracked streams dropped because OTEL_PYTHON_MCP_RESUMPTION_MAX_STREAMS was reached",
 )
+
+# -- the server side (opentelemetry.instrumentation.mcp_resumption.server)
+# What a server did with one resume request (a GET with Last-Event-ID), as
+# far as its store can tell; the value of RESUMPTION_OUTCOME on SERVER_REQUESTS.
+SERVER_REPLAYED = "replayed"
+SERVER_NOTHING_TO_REPLAY = "nothing_to_replay"
+SERVER_UNKNOWN_CURSOR = "unknown_cursor"
+SERVER_OTHER_SESSION = "other_session"
+SERVER_UNKNOWN_SESSION = "unknown_session"
+SERVER_NO_STORE = "no_store"
+SERVER_REJECTED_BY_GUARD = "rejected_by_guard"
+SERVER_OUTCOMES = (
+    SERVER_REPLAYED,
+    SERVER_NOTHING_TO_REPLAY,
+    SERVER_UNKNOWN_CURSOR,
+    SERVER_OTHER_SESSION,
+    SERVER_UNKNOWN_SESSION,
+    SERVER_NO_STORE,
+    SERVER_REJECTED_BY_GUARD,
+)
+# The outcomes that lose events: each also writes a resumption.gap event whose
+# GAP_KIND is the outcome; a rejected_by_guard point carries GAP_KIND too (what
+# the guard refused: one of these or no_store).
+SERVER_GAP_KINDS = (SERVER_UNKNOWN_CURSOR, SERVER_OTHER_SESSION)
+SERVER_GUARDED = (*SERVER_GAP_KINDS, SERVER_NO_STORE)
+SERVER_REQUESTS = (
+    "mcp.server.resumption.requests",
+    "{request}",
+    "Resume requests (Last-Event-ID) an MCP server received, by what it could do with them",
+)
+SERVER_REPLAYED_EVENTS = (
+    "mcp.server.resumption.replayed_events",
+    "{event}",
+    "Events an MCP server's store replayed per resume request",
+)

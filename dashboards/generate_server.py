@@ -1,0 +1,170 @@
+# ruff: noqa: E501
+# (panel text and queries read better unbroken)
+"""The server dashboard (uid ``mcp-resumption-server``), written by generate.py.
+
+What MCP servers instrumented with ``McpResumptionServerInstrumentor`` did
+with the resumes they received: requests by outcome, the lossy ones
+(``unknown_cursor``, ``other_session``, counted whether the guard answered
+them 200 or refused them 410) by server, replayed events per request.
+Standard library only; the helpers are generate.py's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from generate import DS, NO_DATA, Layout, stat, table, target, timeseries
+
+REQUESTS = "mcp_server_resumption_requests_total"
+REPLAYED = "mcp_server_resumption_replayed_events"
+SEL = 'job=~"$job", instance=~"$instance", server_address=~"$server_address"'
+
+
+def sel(extra: str = "", metric: str = REQUESTS) -> str:
+    return f"{metric}{{{SEL}{', ' + extra if extra else ''}}}"
+
+
+def inc(extra: str = "", window: str = "$__range") -> str:
+    return f"increase({sel(extra)}[{window}])"
+
+
+def rate(extra: str = "") -> str:
+    return f"rate({sel(extra)}[$__rate_interval])"
+
+
+def lossy(kind: str, fn: Any = inc) -> str:
+    """Resumes of one lossy kind, answered 200 (outcome = kind) or refused by
+    the guard (outcome rejected_by_guard, gap kind = kind): the events are lost
+    either way; the guard only makes the client know it."""
+    answered = f'mcp_resumption_outcome="{kind}"'
+    refused = f'mcp_resumption_outcome="rejected_by_guard", mcp_resumption_gap_kind="{kind}"'
+    return f"{fn(answered)} or {fn(refused)}"
+
+
+GOOD = 'mcp_resumption_outcome=~"replayed|nothing_to_replay"'
+LOSSY_KINDS = "unknown_cursor|other_session"
+LOSSY_ANSWERED = f'mcp_resumption_outcome=~"{LOSSY_KINDS}"'
+LOSSY_REFUSED = f'mcp_resumption_outcome="rejected_by_guard", mcp_resumption_gap_kind=~"{LOSSY_KINDS}"'
+
+
+def build_server() -> dict[str, Any]:
+    lay = Layout()
+    lay.row("Overview")
+    lay.add(stat(
+        "Lossy resumes in range",
+        "Resumes the server could not honour: a cursor its store does not know (unknown_cursor) "
+        "or one issued in another session (other_session), answered 200 or refused by the guard. "
+        "Anything above 0 lost events; see the runbook of McpServerResumptionUnknownCursor.",
+        f"sum({inc(LOSSY_ANSWERED)} or {inc(LOSSY_REFUSED)})", "short",
+        [{"color": "green", "value": None}, {"color": "red", "value": 1}], decimals=0,
+    ), 6, 4)
+    lay.add(stat(
+        "Lossy resumes answered 200",
+        "Of the lossy resumes, those answered 200 with an empty (or another session's) stream: "
+        "the client was not told. 0 with lossy resumes above means the guard refuses them all.",
+        f"sum({inc(LOSSY_ANSWERED)})", "short",
+        [{"color": "green", "value": None}, {"color": "red", "value": 1}], decimals=0,
+    ), 6, 4)
+    lay.add(stat(
+        "Resume requests in range",
+        "GETs with Last-Event-ID the servers received in the time range, of any outcome.",
+        f"sum({inc()})", "short", [{"color": "text", "value": None}], decimals=0,
+    ), 6, 4)
+    lay.add(stat(
+        "Resumes replayed",
+        "Share of resume requests whose store replayed at least one event or had nothing after "
+        "the cursor. Low means the servers lose the cursors their clients hold.",
+        f"sum({inc(GOOD)}) / sum({inc()})",
+        "percentunit", [{"color": "red", "value": None}, {"color": "orange", "value": 0.9},
+                        {"color": "green", "value": 0.99}], min=0, max=1, decimals=1,
+    ), 6, 4)
+    lay.add(timeseries(
+        "Resume requests by outcome",
+        "Resume requests per second by outcome. replayed and nothing_to_replay are good; "
+        "unknown_cursor and other_session lost events; unknown_session is an expired session "
+        "(404); no_store a server that keeps no events; rejected_by_guard a refusal (410).",
+        [target(f"sum by (mcp_resumption_outcome) ({rate()})", "{{mcp_resumption_outcome}}")],
+        "reqps",
+    ), 24, 8)
+
+    lay.row("Lossy resumes by server")
+    for kind, what in (
+        ("unknown_cursor", "a cursor the store does not know: a restarted or migrated instance, "
+         "a store shared by too few instances, or one that keeps too few events"),
+        ("other_session", "a cursor issued in another session: a client (or a proxy) that "
+         "carried a cursor across a re-initialisation; the store replays that session's events"),
+    ):
+        lay.add(table(
+            f"{kind} by server",
+            f"Resumes in the time range with {what}. Answered 200 or refused by the guard "
+            "(answer column). Empty means none (every series exists from 0).",
+            f"sum by (server_address, server_port, mcp_resumption_outcome) ({lossy(kind)}) > 0",
+            ["server_address", "server_port", "mcp_resumption_outcome"], "resumes", decimals=0,
+        ), 12, 8)
+    lay.add(timeseries(
+        "Lossy resumes per second by server",
+        "unknown_cursor and other_session per server, answered or refused.",
+        [target(f"sum by (server_address, server_port) ({rate(LOSSY_ANSWERED)} or {rate(LOSSY_REFUSED)})",
+                "{{server_address}}:{{server_port}}")], "reqps",
+    ), 12, 8)
+    # The histogram has no server.address (bounded: outcome and transport only).
+    hist = 'job=~"$job", instance=~"$instance"'
+    mean = (
+        f"sum by (mcp_resumption_outcome) (max_over_time({REPLAYED}_sum{{{hist}}}[$__range]))"
+        f" / sum by (mcp_resumption_outcome) (max_over_time({REPLAYED}_count{{{hist}}}[$__range]))"
+    )
+    lay.add(timeseries(
+        "Replayed events per resume request (since each server started)",
+        "Events the store replayed per resume request, mean by outcome (cumulative: a "
+        "histogram series is born with its first request). Large values mean long outages.",
+        [target(mean, "mean {{mcp_resumption_outcome}}")], "short",
+    ), 12, 8)
+    for panel in lay.panels:
+        panel.pop("_keep", None)
+
+    def query_var(name: str, label: str, query: str) -> dict[str, Any]:
+        return {
+            "name": name, "label": label, "type": "query", "datasource": DS,
+            "definition": query,
+            "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+            "refresh": 2, "regex": "", "sort": 1, "multi": True, "includeAll": True,
+            "allValue": ".*", "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "options": [], "hide": 0, "skipUrlSync": False,
+        }
+
+    prom = {"selected": True, "text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"}
+    assert NO_DATA  # the stat helper maps "no answer" to "No data", never a green 0
+    return {
+        "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description":
+                      "The Prometheus that scrapes the instrumented MCP servers",
+                      "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}],
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.4.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+            {"type": "panel", "id": "stat", "name": "Stat", "version": ""},
+            {"type": "panel", "id": "timeseries", "name": "Time series", "version": ""},
+            {"type": "panel", "id": "table", "name": "Table", "version": ""},
+        ],
+        "annotations": {"list": [{"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                                  "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+                                  "name": "Annotations & Alerts", "type": "dashboard"}]},
+        "description": "What MCP servers did with the resumes (Last-Event-ID) they received. "
+        "Metrics of opentelemetry-instrumentation-mcp-resumption's server half. "
+        "Generated by dashboards/generate.py.",
+        "editable": True, "fiscalYearStartMonth": 0, "graphTooltip": 1, "id": None,
+        "links": [{"title": "Runbook", "type": "link", "targetBlank": True, "url":
+                   "https://github.com/mcp-resumption/opentelemetry-instrumentation-mcp-resumption/blob/main/dashboards/RUNBOOK.md#mcpserverresumptionunknowncursor"}],
+        "panels": lay.panels,
+        "refresh": "30s", "schemaVersion": 39, "tags": ["mcp", "opentelemetry", "resumption", "server"],
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "regex": "", "refresh": 1, "hide": 0, "multi": False, "includeAll": False,
+             "current": prom, "options": [], "skipUrlSync": False},
+            query_var("job", "Job", f"label_values({REQUESTS}, job)"),
+            query_var("instance", "Instance", f'label_values({REQUESTS}{{job=~"$job"}}, instance)'),
+            query_var("server_address", "Server", f'label_values({REQUESTS}{{job=~"$job", instance=~"$instance"}}, server_address)'),
+        ]},
+        "time": {"from": "now-6h", "to": "now"}, "timepicker": {}, "timezone": "",
+        "title": "MCP stream resumption: servers", "uid": "mcp-resumption-server", "version": 1,
+        "weekStart": "",
+    }
