@@ -27,6 +27,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from .continuity import (
     Cursor,
@@ -63,6 +64,16 @@ def bounded_id(event_id: str | None) -> str | None:
     if len(encoded) <= MAX_KEPT_ID_BYTES:
         return event_id
     return "sha256:" + hashlib.sha256(encoded).hexdigest()[:32]
+
+
+class Event(NamedTuple):
+    """One SSE event as the rules see it, built by the SSE patch (which
+    alone knows what the parser meant)."""
+
+    id: str | None  # None: no ``id:`` line of its own
+    data: str  # "" for a marker (a priming event, a heartbeat with an id)
+    type: str
+    retry: int | None  # ms, from a ``retry:`` line
 
 
 class SeenWindow(dict):
@@ -169,6 +180,7 @@ class Stream:
         "continued",
         "dirty",
         "ended",
+        "feed",
         "indexed",
         "key",
         "last_consumed",
@@ -211,6 +223,10 @@ class Stream:
         # is indexed under now.
         self.dirty = False
         self.indexed: tuple[str, ...] = ()
+        # The SSE patch's record of the events it did not report one by one
+        # (``patches.sse.Feed``), while the stream is read; folded in under
+        # the lock before anything reads the stream's state.
+        self.feed: Any = None
 
 
 @dataclass(frozen=True)
@@ -265,6 +281,8 @@ class Tracker:
         # stream, an eviction): per event, a stream is just marked dirty.
         self._cursors: dict[tuple[str, str], Stream | dict[int, Stream]] = {}
         self._dirty: list[Stream] = []
+        # Streams being read through a feed: folded in before a cursor lookup.
+        self._fed: dict[int, Stream] = {}
         _trackers.add(self)
 
     # ------------------------------------------------------------ queries
@@ -422,6 +440,7 @@ class Tracker:
     def bind_session(self, stream: Stream, session_id: str) -> None:
         """The legacy transport names its session in the ``endpoint`` event."""
         with self._lock:
+            self._fold(stream)
             if stream.session.session_id == session_id:
                 return
             old = stream.session
@@ -435,12 +454,57 @@ class Tracker:
     def response(self, stream: Stream, status: int, session_id: str | None) -> Step:
         """The reconnect was answered (for a resume) with ``status``."""
         with self._lock:
+            self._fold(stream)
             if stream.check is None:
                 return NOTHING
             check = stream.check
             return self._run(check, lambda: check.on_response(status, session_id))
 
     def event_received(
+        self, stream: Stream, event_id: str | None, data: str, digest: int | None = None
+    ) -> Step:
+        """An event is handed to the application, which has thereby taken the
+        one before it (it asked for this one) but not yet this one.  An empty
+        ``event_id``: the event has no id of its own; empty ``data``: a marker."""
+        with self._lock:
+            self._fold(stream)
+            return self._received(stream, event_id, data, digest)
+
+    def attach_feed(self, stream: Stream, feed: Any) -> None:
+        """``stream`` is read through ``feed``: ``feed.drain()`` gives the
+        events recorded since it was last called (``Event`` records, oldest
+        first) and whether the application holds the last one."""
+        with self._lock:
+            stream.feed = feed
+            self._fed[stream.key] = stream
+
+    def fed_event(self, stream: Stream, normalise: Callable[[Any], Event], raw: Any) -> Step:
+        """An event of a fed stream that a rule must see as it comes: the
+        feed's earlier events are folded in first, then this one
+        (``normalise`` builds its record, in order)."""
+        with self._lock:
+            self._fold(stream)
+            event = normalise(raw)
+            if event.retry is not None:
+                self._retry(stream, event.retry)
+            return self._received(stream, event.id, event.data)
+
+    def _fold(self, stream: Stream) -> None:
+        """Bring a fed stream's state up to date with its feed: the events it
+        recorded, as if each had been reported, and whether the application
+        took the last one."""
+        feed = stream.feed
+        if feed is None:
+            return
+        events, holding = feed.drain()
+        for event in events:
+            if event.retry is not None:
+                self._retry(stream, event.retry)
+            self._received(stream, event.id, event.data)
+        if not holding and stream.last_received is not None:
+            self._take(stream)
+
+    def _received(
         self, stream: Stream, event_id: str | None, data: str, digest: int | None = None
     ) -> Step:
         """An event is handed to the application, which has thereby taken the
@@ -456,24 +520,23 @@ class Tracker:
             digest = hash(data)
         # Most events on a busy stream are notifications: skip the call.
         responses = responses_in(data) if '"result"' in data or '"error"' in data else ()
-        with self._lock:
-            self._take(stream)  # asking for this event took the one before
-            step = NOTHING
-            check = stream.check
-            if check is not None and check.event_matters(event_id, digest, bool(responses)):
-                event = ObservedEvent(parse_event_id(event_id), digest, not data, responses)
-                step = self._run(check, lambda: check.on_event(event))
-            if event_id is not None:
-                if data:  # markers carry no content to compare
-                    stream.session.seen.remember(event_id, digest)
-                else:  # a priming event: the server may close the stream to poll
-                    stream.primed = True
-                stream.last_received = event_id
-            stream.unconsumed_responses = responses
-            if not stream.dirty:
-                stream.dirty = True
-                self._dirty.append(stream)
-            return step
+        self._take(stream)  # asking for this event took the one before
+        step = NOTHING
+        check = stream.check
+        if check is not None and check.event_matters(event_id, digest, bool(responses)):
+            event = ObservedEvent(parse_event_id(event_id), digest, not data, responses)
+            step = self._run(check, lambda: check.on_event(event))
+        if event_id is not None:
+            if data:  # markers carry no content to compare
+                stream.session.seen.remember(event_id, digest)
+            else:  # a priming event: the server may close the stream to poll
+                stream.primed = True
+            stream.last_received = event_id
+        stream.unconsumed_responses = responses
+        if not stream.dirty:
+            stream.dirty = True
+            self._dirty.append(stream)
+        return step
 
     def event_consumed(self, stream: Stream) -> None:
         """The application asked for the next event: it took the last one.
@@ -494,8 +557,13 @@ class Tracker:
 
     def retry_seen(self, stream: Stream, retry_ms: int) -> None:
         """The stream carried ``retry:``: the server polls (and how often)."""
-        stream.primed = True
-        stream.retry_ms = retry_ms
+        self._retry(stream, retry_ms)
+
+    @staticmethod
+    def _retry(stream: Stream, retry_ms: int) -> None:
+        if isinstance(retry_ms, int) and retry_ms >= 0:
+            stream.primed = True
+            stream.retry_ms = retry_ms
 
     def stream_ended(
         self,
@@ -512,6 +580,10 @@ class Tracker:
         ``held_open``: it was open at least the confirmation window, so an
         empty poll closed then is the server's "nothing new yet"."""
         with self._lock:
+            self._fold(stream)
+            if stream.feed is not None:
+                stream.feed = None
+                self._fed.pop(stream.key, None)
             self._settle(stream)
             if stream.ended and stream.check is None:
                 return NOTHING
@@ -627,6 +699,8 @@ class Tracker:
     def _flush(self) -> None:
         """Bring the cursor index and the LRU order up to date with the
         streams that received or consumed events since the last flush."""
+        for fed in list(self._fed.values()):
+            self._fold(fed)
         dirty = self._dirty
         streams = self._streams
         while dirty:
@@ -714,6 +788,9 @@ class Tracker:
             _, dropped = self._streams.popitem(last=False)
             self.evicted_streams += 1
             dropped.session.history_lost = True
+            if dropped.feed is not None:
+                dropped.feed = None
+                self._fed.pop(dropped.key, None)
             for event_id in dropped.indexed:
                 self._unindex(dropped, event_id)
             dropped.indexed = ()
