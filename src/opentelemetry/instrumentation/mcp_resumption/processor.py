@@ -275,6 +275,15 @@ class _EventTotals:
         new, feed.counted = total - feed.counted, total
         return new
 
+    def freeze(self) -> None:
+        """Uninstrumented: what the feeds counted so far goes into the
+        totals, what they count from now on does not."""
+        for context in list(self._fed.values()):
+            self.add(context.events_key, self.fed_events(context))
+            frozen = context.feed.counted
+            context.feed._count = lambda frozen=frozen: frozen
+        self._fed.clear()
+
     def observe(self, options: CallbackOptions) -> list[Observation]:
         for context in list(self._fed.values()):
             new = self.fed_events(context)
@@ -466,6 +475,7 @@ class ContinuityProcessor(SpanProcessor):
 
     def shutdown(self) -> None:
         self.enabled = False
+        self._event_totals.freeze()
         span_hook.detach(self._span_source or trace.get_tracer_provider(), self)
         self._deferred.close()
         self._deadlines.close()

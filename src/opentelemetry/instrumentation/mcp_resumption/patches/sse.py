@@ -97,7 +97,10 @@ class Feed:
             return self.held
         iterator = self._reader()
         if iterator is None:
-            return False
+            # Dropped while it held an event (every other way out of the
+            # iterator says so in ``held``); its finalizer, that closes it
+            # there, may still be to come.
+            return True
         running = getattr(iterator, "ag_running", None)
         if running is None:
             running = iterator.gi_running
@@ -254,6 +257,9 @@ def _fed_iterator(
                 feed.held = False
                 _ended(processor, context, response, f"a read error ({type(error).__name__})")
                 raise
+            except BaseException:  # cancelled before the first event
+                feed.held = False
+                raise
             count += 1
             _report(processor, context, feed, sse)
             yield sse
@@ -319,6 +325,9 @@ def _afed_iterator(
             except Exception as error:
                 feed.held = False
                 _ended(processor, context, response, f"a read error ({type(error).__name__})")
+                raise
+            except BaseException:  # cancelled before the first event
+                feed.held = False
                 raise
             count += 1
             _report(processor, context, feed, sse)
