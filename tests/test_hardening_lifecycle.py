@@ -27,6 +27,11 @@ def note(n: int) -> str:
     return json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"n": n}})
 
 
+def restarted(n: int) -> str:
+    return json.dumps({"jsonrpc": "2.0", "method": "notifications/progress",
+                       "params": {"n": n, "restarted": True}})
+
+
 def echo(ids: list[str], *, hold: bool = False, data=note):
     """A script answering under the request's own session with ``ids``."""
 
@@ -42,9 +47,11 @@ def echo(ids: list[str], *, hold: bool = False, data=note):
 def raw_server():
     server = RawServer()
     server.on("/first", echo(["1", "2", "3"]))
-    server.on("/reset", echo(["1"]))
+    # A reset counter numbers new events from 1 again: new data under an old
+    # id (the same data again would be a duplicate, not a reset).
+    server.on("/reset", echo(["1"], data=restarted))
     server.on("/fork/first", echo(["1", "2", "3"]))
-    server.on("/fork/reset", echo(["1"]))
+    server.on("/fork/reset", echo(["1"], data=restarted))
     server.on("/fork/silent", echo([], hold=True))
     server.on("/shutdown/first", echo(["1", "2"]))
     server.on("/shutdown/silent", echo([], hold=True))

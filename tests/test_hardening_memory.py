@@ -145,7 +145,7 @@ def test_a_resume_whose_cursor_was_evicted_is_unverifiable(raw_server, session_k
                     body=b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}')
         tracker = instrumentor.processor.tracker
         assert tracker.evicted_streams > 0
-        assert (f"127.0.0.1:{raw_server.port}", "A") in tracker._sessions or not session_kept
+        assert (f"127.0.0.1:{raw_server.port}", "A", None) in tracker._sessions or not session_kept
         replayed = [block("6", "" if replay == "priming" else note(6)), block("7", note(7))]
         headers = [(b"content-type", b"text/event-stream"), (b"mcp-session-id", b"A")]
         raw_server.reply(base + "/resume", Reply(head(200, headers), tuple(replayed)))

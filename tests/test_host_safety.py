@@ -30,9 +30,12 @@ def raw_server():
     events = tuple(block(str(i), note(i)) for i in (1, 2, 3))
     server.reply("/cycle/stream", Reply(head(200, [(b"content-type", b"text/event-stream")]),
                                         events, False))
-    for path, ids in (("/late/first", ("1", "2", "3")), ("/late/reset", ("1",))):
+    # The reset stream's "1" is a new event (other data): the same data again
+    # would be at-least-once redelivery, not a reset.
+    for path, ids, base in (("/late/first", ("1", "2", "3"), 0), ("/late/reset", ("1",), 100)):
         session = [(b"content-type", b"text/event-stream"), (b"mcp-session-id", b"late-session-1")]
-        server.reply(path, Reply(head(200, session), tuple(block(i, note(int(i))) for i in ids)))
+        events = tuple(block(i, note(base + int(i))) for i in ids)
+        server.reply(path, Reply(head(200, session), events))
     yield server
     server.close()
 

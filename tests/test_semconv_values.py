@@ -98,7 +98,8 @@ def test_server_port_beside_every_server_address(server, telemetry):
 def test_every_series_of_a_seen_server_starts_at_zero(server, telemetry):
     """One plain stream, no resume: every outcome and gap kind already has
     a series, at 0, so that the first real count is an increase."""
-    server.on("GET", "/plain", lambda request, body: (200, {}, [sse("1", "{}")]))
+    session = {"mcp-session-id": "zero-series"}  # MCP traffic: only that is tracked
+    server.on("GET", "/plain", lambda request, body: (200, session, [sse("1", "{}")]))
     with telemetry.instrumented(), httpx.Client(base_url=server.url) as http:
         with httpx_sse.connect_sse(http, "GET", "/plain") as source:
             list(source.iter_sse())

@@ -524,16 +524,18 @@ def test_memory_is_bounded_under_churn():
         stream = t.open_stream(SERVER, "streamable-http", session_id=session)
         opened += 1
         t.request_sent(SERVER, session, requests_in(tools_call(n)))
+        # Two ids: one alone does not show that the scheme counts.
         t.event_received(stream, f"{session}:e-1", notification(n))
+        t.event_received(stream, f"{session}:e-2", notification(n))
         t.event_consumed(stream)
         t.stream_ended(stream, "done")
         if n % 100 == 0:
             again = t.open_stream(
-                SERVER, "streamable-http", session_id=session, last_event_id=f"{session}:e-1"
+                SERVER, "streamable-http", session_id=session, last_event_id=f"{session}:e-2"
             )
             opened += 1
             t.response(again, 200, session)
-            step = t.event_received(again, f"{session}:e-2", result(n, 2))
+            step = t.event_received(again, f"{session}:e-3", result(n, 2))
             assert step.verdict is not None and step.verdict.outcome is Outcome.RESUMED
             t.stream_ended(again, "done")
         assert len(t) <= 1000
@@ -717,3 +719,49 @@ def test_a_long_resumed_stream_closes_its_attempt_after_the_seen_window():
             finals.append((n, step.final.outcome.value))
     assert finals == [(4822 + SEEN_WINDOW, "resumed")]
     assert t.stream_ended(resumed, "eof").final is None  # closed once, not again
+# ------------------------------------------- what the ledger cannot read (issue 12)
+
+
+def test_sessionless_cursors_are_scoped_to_their_path():
+    t = Tracker()
+    a = t.open_stream(SERVER, "streamable-http", path="/a")
+    b = t.open_stream(SERVER, "streamable-http", path="/b")
+    for n in (1, 2, 3):
+        t.event_received(a, str(n), notification(n, "a"))
+        t.event_received(b, str(n), notification(n, "b"))
+    t.event_consumed(a)
+    t.event_consumed(b)
+    t.stream_ended(a, "reset")
+    t.stream_ended(b, "reset")
+    resumed = t.open_stream(SERVER, "streamable-http", path="/a", last_event_id="3")
+    assert resumed.session is a.session and resumed.lineage == a.lineage
+    elsewhere = t.open_stream(SERVER, "streamable-http", path="/c", last_event_id="3")
+    assert elsewhere.check.cursor.known is False  # no stream of /c issued it
+
+
+def test_an_unread_request_body_makes_the_ledger_unknown():
+    t = Tracker()
+    stream = t.open_stream(SERVER, "streamable-http", session_id="s-u")
+    t.request_sent(SERVER, "s-u", None)  # a body that was not read
+    for n in (1, 2):
+        t.event_received(stream, str(n), notification(n))
+    t.event_consumed(stream)
+    t.stream_ended(stream, "reset")
+    resumed = t.open_stream(SERVER, "streamable-http", session_id="s-u", last_event_id="2")
+    t.response(resumed, 200, "s-u")
+    step = t.event_received(resumed, "3", result(77, 3))
+    assert step.gaps == () and step.verdict.outcome is Outcome.RESUMED
+
+
+def test_an_unread_response_leaves_no_request_provably_orphaned():
+    t = Tracker()
+    stream = t.open_stream(SERVER, "streamable-http", session_id="s-v", carries=["5"])
+    t.request_sent(SERVER, "s-v", requests_in(tools_call(5)))
+    t.event_received(stream, "1", notification(1))
+    t.event_received(stream, "2", result(5, 2)[:-1] + ', "pad": "' + "x" * 70_000 + '"}')
+    t.event_consumed(stream)
+    t.stream_ended(stream, "the stream ended")
+    later = t.open_stream(SERVER, "streamable-http", session_id="s-v", last_event_id="2")
+    t.response(later, 200, "s-v")
+    steps = [t.event_received(later, "3", notification(3)), t.stream_ended(later, "eof")]
+    assert [gap.kind.value for step in steps for gap in step.gaps] == []

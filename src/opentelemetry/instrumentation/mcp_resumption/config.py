@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ CONFIRM_TIMEOUT = "OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT"
 SESSION_ID = "OTEL_PYTHON_MCP_RESUMPTION_SESSION_ID"
 MAX_STREAMS = "OTEL_PYTHON_MCP_RESUMPTION_MAX_STREAMS"
 REDACT_URLS = "OTEL_PYTHON_MCP_RESUMPTION_REDACT_URLS"
+EVENT_ID_PATTERN = "OTEL_PYTHON_MCP_RESUMPTION_EVENT_ID_PATTERN"
 
 MODES = ("observe", "enforce")
 SESSION_ID_POLICIES = ("hash", "raw", "omit")
@@ -37,6 +39,9 @@ class Settings:
     session_id: str = "hash"
     max_streams: int = 10_000
     redact_urls: bool = True
+    # The servers' declared event-id scheme: a regex with a named group
+    # ``counter`` (decimal digits) and optionally ``stream``; None: inferred.
+    event_id_pattern: re.Pattern[str] | None = None
 
     @property
     def enforce(self) -> bool:
@@ -61,6 +66,27 @@ def _number(name: str, value: object, default: float, *, integer: bool) -> float
     kind = "a positive integer" if integer else "a positive number of seconds"
     _logger.warning("%s=%r is not %s; using %r", name, value, kind, default)
     return default
+
+
+def _pattern(name: str, value: object) -> re.Pattern[str] | None:
+    if isinstance(value, re.Pattern):
+        pattern = value
+    else:
+        try:
+            pattern = re.compile(str(value))
+        except re.error as error:
+            _logger.warning(
+                "%s=%r is not a regular expression (%s); event ids are classified by their shape",
+                name, value, error,
+            )
+            return None
+    if "counter" not in pattern.groupindex:
+        _logger.warning(
+            "%s=%r has no named group 'counter' (and optionally 'stream'); event ids are "
+            "classified by their shape", name, value,
+        )
+        return None
+    return pattern
 
 
 def load(
@@ -88,6 +114,7 @@ def load(
     redact = raw("redact_urls", REDACT_URLS)
     if isinstance(redact, bool):
         redact = str(redact)
+    pattern = raw("event_id_pattern", EVENT_ID_PATTERN)
     return Settings(
         mode=defaults.mode if mode is None else _choice(MODE, mode, MODES, defaults.mode),
         replay_contract=ReplayContract(
@@ -112,4 +139,5 @@ def load(
         redact_urls=defaults.redact_urls
         if redact is None
         else _choice(REDACT_URLS, redact, ("true", "false"), "true") == "true",
+        event_id_pattern=None if pattern is None else _pattern(EVENT_ID_PATTERN, pattern),
     )

@@ -15,11 +15,14 @@ Definitions the rules share (they are the ground truth of the tests):
 * The *cursor* is the ``Last-Event-ID`` the client presented, bound to the
   session id it was issued in, whether the application consumed that event,
   and the digest of its data.
-* The *first event* is the first event the resumed stream delivers; the
+* The *first event* is the first event the resumed stream delivers that is
+  not a duplicate (below); the
   verdict is given there, at an error status, at the end of the stream, or
   when the confirmation window passes, whichever comes first.
 * A *marker* is an event with empty data: a 2025-11-25 priming event (id and
-  no data) or a heartbeat.  It says "nothing (more) to replay".
+  no data) or a heartbeat; the tracker also reads as one a keep-alive whose
+  data is not a JSON-RPC message and whose id was seen with other data.  It
+  says "nothing (more) to replay".
 * A *poll* is a resume after the server closed the stream on purpose
   (protocol 2025-11-25: a priming event or ``retry:`` on the stream's lineage,
   then a clean end of the body).  Silence on a poll is not evidence: it waits
@@ -34,17 +37,22 @@ Definitions the rules share (they are the ground truth of the tests):
   resumed stream that ends hands its pending requests back to the lineage
   (:meth:`ResumeCheck.release`); the next resume of the lineage takes them.
 * Event ids are opaque strings.  Integers and a fixed prefix plus a counter
-  (``e-104``, ``s-77:e-104``, ``<stream>_<n>``) order within one prefix;
-  anything else is opaque and gives no ordering evidence, so where ordering
-  would decide, the outcome is ``unverifiable`` rather than a guess.
+  (``e-104``, ``s-77:e-104``, ``<stream>_<n>``) order within one prefix, once
+  the session's history shows the scheme counting (:func:`corroborated`);
+  anything else (UUIDs, hex tails, decimal fractions, timestamps) is opaque
+  and gives no ordering evidence, so where ordering would decide, the
+  outcome is ``unverifiable`` rather than a guess.
+* A *duplicate* is an event the session already saw, with the same content,
+  at or before the cursor: at-least-once redelivery, skipped until the first
+  new event, never a regression or a reuse.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 __all__ = [
     "Cursor",
@@ -60,6 +68,8 @@ __all__ = [
     "StreamCursor",
     "Verdict",
     "compare_event_ids",
+    "corroborated",
+    "parse_declared",
     "parse_event_id",
     "verify_resumption",
 ]
@@ -108,8 +118,17 @@ class ResumeCursorRaceError(ResumptionGapError):
 MAX_ORDERED_ID_LENGTH = 128
 MAX_COUNTER_DIGITS = 40
 _DIGITS = "0123456789"
-_ASCII_ALNUM = re.compile(r"[A-Za-z0-9]")
-_UUID = re.compile(r"[0-9a-fA-F]{8}-?(?:[0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}")
+_HEX = frozenset("0123456789abcdefABCDEF")
+_ASCII_ALNUM = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+# Digit counts of Unix time in s, ms, us and ns from 2001 to 2286 (a leading
+# "1"..."9"): a clock, not a counter.  Clocks tie (two events in one tick
+# share an id) and step back, so their order proves nothing.
+_EPOCH_DIGITS = (10, 13, 16, 19)
+_FRACTION_SEPARATORS = ".,"
+
+
+def _is_decimal(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 @dataclass(frozen=True)
@@ -119,6 +138,14 @@ class EventId:
     raw: str
     prefix: str | None = None  # None: opaque; "": a bare integer
     counter: int | None = None
+    # A timestamp (opaque): two events in one tick share it, so an equal id
+    # with other data is a tie, not a reuse.
+    clock: bool = False
+    declared: bool = False  # parsed by the user's declared pattern
+    # An id whose shape counts but whose session has not shown it counting
+    # yet (:func:`corroborated`): the one id that would follow it, which
+    # proves the order on its own (a random tail is not the next counter).
+    successor: str | None = None
 
     @property
     def scheme(self) -> str:
@@ -130,39 +157,136 @@ class EventId:
         return self.raw
 
 
-def parse_event_id(raw: str | None) -> EventId | None:
-    """Classify one id by its own shape; ``None`` for an absent or empty id."""
+def _is_uuid(raw: str) -> bool:
+    if len(raw) == 36:
+        if raw[8] != "-" or raw[13] != "-" or raw[18] != "-" or raw[23] != "-":
+            return False
+        raw = raw.replace("-", "")
+    return len(raw) == 32 and _HEX.issuperset(raw)
+
+
+def _is_clock(digits: str) -> bool:
+    return len(digits) in _EPOCH_DIGITS and digits[0] != "0"
+
+
+def _is_date(head: str) -> bool:
+    """``head`` starts with an ISO 8601 date (``2025-11-``): what follows
+    is a day or a time of day, not a counter."""
+    return (
+        len(head) >= 8
+        and head[4] == "-"
+        and head[7] == "-"
+        and head[:4].isdigit()
+        and head[5:7].isdigit()
+        and head[:8].isascii()
+    )
+
+
+def parse_declared(raw: str | None, pattern: Any) -> EventId | None:
+    """Classify one id by a scheme the user declared: ``pattern`` (a compiled
+    regex) with a named group ``counter`` of decimal digits and optionally
+    ``stream``; an id it does not match is opaque.  Declared ids order
+    without the session's history (:func:`corroborated` passes them)."""
     if not raw or not isinstance(raw, str):
         return None
-    if len(raw) > MAX_ORDERED_ID_LENGTH or _UUID.fullmatch(raw):
+    if len(raw) > MAX_ORDERED_ID_LENGTH:
         return EventId(raw)
-    prefix = raw.rstrip(_DIGITS)
-    digits = len(raw) - len(prefix)
-    if not 1 <= digits <= MAX_COUNTER_DIGITS:
+    match = pattern.fullmatch(raw)
+    digits = match.group("counter") if match else None
+    if not digits or len(digits) > MAX_COUNTER_DIGITS or not _is_decimal(digits):
         return EventId(raw)
-    if not prefix:
-        return EventId(raw, "", int(raw))
-    if _is_counter_prefix(prefix):
-        return EventId(raw, prefix, int(raw[-digits:]))
-    return EventId(raw)
+    stream = match.groupdict().get("stream") or ""
+    return EventId(raw, f"declared:{stream}", int(digits), declared=True)
 
 
-def _is_counter_prefix(prefix: str) -> bool:
-    """The prefix must carry a letter or digit and end in a separator, so
-    that "e-104", "s-77:e-104" and "abc_7" order but "-5" and " 5" stay
-    opaque.  No backtracking pattern: a parse is linear in the id's length
-    (one of the old pattern's worst inputs took 270 us)."""
-    separator = prefix[-1]
-    if separator.isspace() or _ASCII_ALNUM.match(separator):
-        return False
-    return _ASCII_ALNUM.search(prefix, 0, len(prefix) - 1) is not None
+def parse_event_id(raw: str | None) -> EventId | None:
+    """Classify one id by its own shape; ``None`` for an absent or empty id.
+
+    Orders only where the shape leaves no doubt: a bare decimal integer, or
+    a prefix that holds an ASCII letter or digit and ends in a separator
+    (``-``, ``_``, ``:``, ``/``...), followed by a decimal counter.  Opaque:
+    UUIDs, a decimal fraction (``1733212345.45``: ``.45`` is not counter 45),
+    anything whose tail is not all decimal digits (hex, base36, ULIDs), a
+    Unix timestamp in s/ms/us/ns or an ISO 8601 time (clocks tie), and ids
+    over ``MAX_ORDERED_ID_LENGTH``.
+
+    No regular expression: string methods and one scan of at most
+    ``MAX_ORDERED_ID_LENGTH`` characters, so every input costs about the same.
+    """
+    if not raw or not isinstance(raw, str):
+        return None
+    if len(raw) > MAX_ORDERED_ID_LENGTH or raw[-1] not in _DIGITS or _is_uuid(raw):
+        return EventId(raw)
+    head = raw.rstrip(_DIGITS)
+    digits = raw[len(head) :]
+    if _is_clock(digits):
+        return EventId(raw, clock=True)
+    if len(digits) > MAX_COUNTER_DIGITS:
+        return EventId(raw)
+    if not head:
+        return EventId(raw, "", int(digits))
+    separator = head[-1]
+    if separator in _ASCII_ALNUM or separator.isspace():
+        return EventId(raw)  # "5e5", "e- 5": no separator right before the counter
+    if separator in _FRACTION_SEPARATORS and len(head) > 1 and head[-2] in _DIGITS:
+        # A decimal fraction; seconds since the epoch with one are a clock.
+        whole = head[:-1]
+        return EventId(raw, clock=(whole.isdigit() and _is_clock(whole)) or _is_date(head))
+    if _ASCII_ALNUM.isdisjoint(head):
+        return EventId(raw)  # "-5", "é-5": a sign or a symbol, not a stream name
+    if _is_date(head):
+        return EventId(raw, clock=True)  # 2025-11-25T10:00:07
+    return EventId(raw, head, int(digits))
+
+
+# A scheme orders only once a session has shown it counting.
+MIN_COUNTING_IDS = 2
+
+
+def corroborated(cursor: EventId, history: Iterable[str]) -> EventId:
+    """``cursor`` with its ordering evidence kept only if ``history`` (the
+    ids its session received, oldest first) shows the scheme counting: at
+    least ``MIN_COUNTING_IDS`` ids under the cursor's prefix, each above the
+    one before, and none under that prefix with a tail that is not decimal.
+    A random or hex tail is all digits now and then (``s-58302914``); one
+    id cannot tell it from a counter, a short history of the stream can.
+    Where the history is only too short, the cursor keeps its
+    ``successor``: a replay that starts exactly there is in order."""
+    if cursor.counter is None or cursor.declared:
+        return cursor
+    prefix = cursor.prefix or ""
+    last = -1
+    counted = 0
+    for raw in history:
+        if not raw.startswith(prefix):
+            continue
+        parsed = parse_event_id(raw)
+        if parsed is not None and parsed.counter is not None and parsed.prefix == prefix:
+            if parsed.counter <= last:
+                return EventId(cursor.raw)  # not counting up: not a counter
+            last = parsed.counter
+            counted += 1
+            continue
+        tail = raw[len(prefix) :]
+        if prefix:
+            hexlike = tail.isascii() and tail.isalnum()
+        else:  # bare ids: a token of the cursor's width in hex digits
+            hexlike = len(tail) == len(cursor.raw) and _HEX.issuperset(tail)
+        if hexlike:
+            return EventId(cursor.raw)
+    if counted >= MIN_COUNTING_IDS:
+        return cursor
+    digits = len(cursor.raw) - len(prefix)
+    return EventId(cursor.raw, successor=f"{prefix}{cursor.counter + 1:0{digits}d}")
+
 
 
 def compare_event_ids(a: EventId, b: EventId) -> int | None:
     """-1, 0 or 1 as ``a`` orders before, with or after ``b``; ``None`` when
-    the two ids carry no ordering evidence against each other."""
+    the two ids carry no ordering evidence against each other (equal
+    timestamps included: two events of one tick share one)."""
     if a.raw == b.raw:
-        return 0
+        return None if a.clock else 0
     if a.counter is None or b.counter is None or a.prefix != b.prefix:
         return None
     return (a.counter > b.counter) - (a.counter < b.counter)
@@ -180,6 +304,7 @@ class Cursor:
     known: bool = False  # the event was seen on a tracked stream
     consumed: bool = True  # the application took the event before the break
     digest: int | None = None  # digest of the event's data
+    meaning: int | None = None  # digest of its JSON meaning, where computed
     transport: str | None = None  # transport of the stream that issued it
 
 
@@ -191,6 +316,9 @@ class ObservedEvent:
     digest: int = 0
     is_marker: bool = False  # empty data: a priming event or heartbeat
     response_ids: tuple[str, ...] = ()  # JSON-RPC responses it carries
+    # Data that may carry responses but was not read (too large, not JSON):
+    # which requests it answers is unknown.
+    unreadable: bool = False
 
 
 @dataclass(frozen=True)
@@ -251,8 +379,8 @@ def id_regression_rule(cursor: Cursor, first: ObservedEvent) -> Gap | None:
     )
 
 
-def id_reused_rule(seen: Mapping[str, int], event: ObservedEvent) -> Gap | None:
-    if event.event_id is None or event.is_marker:
+def id_reused_rule(seen: Mapping[str, int | None], event: ObservedEvent) -> Gap | None:
+    if event.event_id is None or event.is_marker or event.event_id.clock:
         return None
     previous = seen.get(event.event_id.raw)
     if previous is None or previous == event.digest:
@@ -278,8 +406,12 @@ def _is_cursor_event(cursor: Cursor, event: ObservedEvent) -> bool:
 
 
 def replay_contract_rule(
-    cursor: Cursor, first: ObservedEvent, contract: ReplayContract
+    cursor: Cursor, first: ObservedEvent, contract: ReplayContract, *, redelivered: bool = False
 ) -> Gap | None:
+    if redelivered:
+        # At-least-once: the server sent again, unchanged, events up to and
+        # including the cursor, then went on.  Neither contract loses anything.
+        return None
     if contract is ReplayContract.EXCLUSIVE:
         if not _is_cursor_event(cursor, first):
             return None
@@ -308,8 +440,10 @@ def replay_contract_rule(
     )
 
 
-def drain_race_rule(cursor: Cursor, first: ObservedEvent) -> Gap | None:
-    if cursor.consumed or not cursor.known or first.event_id is None:
+def drain_race_rule(
+    cursor: Cursor, first: ObservedEvent, *, redelivered: bool = False
+) -> Gap | None:
+    if cursor.consumed or not cursor.known or first.event_id is None or redelivered:
         return None
     if _is_cursor_event(cursor, first):
         return None  # the unconsumed event is delivered again
@@ -399,7 +533,7 @@ class ResumeCheck:
         cursor: Cursor,
         contract: ReplayContract = ReplayContract.EXCLUSIVE,
         *,
-        seen: Mapping[str, int] | None = None,
+        seen: Mapping[str, int | None] | None = None,
         pending: Mapping[str, str] | None = None,
         unconsumed_responses: Mapping[str, tuple[str, EventId | None]] | None = None,
         sent_by_session: Callable[[str], bool] | None = None,
@@ -437,6 +571,13 @@ class ResumeCheck:
         self._session_changed: Gap | None = None
         self._replaced = False
         self._ended = False
+        # Events sent again unchanged before the first new one (at-least-once
+        # delivery), and whether the cursor event was among them.
+        self._duplicates = 0
+        self._cursor_redelivered = False
+        # An event that may have answered requests could not be read: no
+        # pending request can be proven orphaned any more.
+        self._ledger_unknown = False
 
     # -- facts, in wire order
 
@@ -455,6 +596,9 @@ class ResumeCheck:
         self.delivered += 1
         found: list[Gap] = []
         if self.verdict is None:
+            if self._is_duplicate(event):
+                self._duplicates += 1
+                return self._responses(event)
             found.extend(self._first_event(event))
         else:
             found.extend(self._later_event(event))
@@ -556,6 +700,33 @@ class ResumeCheck:
 
     # -- internals
 
+    def _is_duplicate(self, event: ObservedEvent) -> bool:
+        """An event at or before the cursor that this session already saw with
+        the same content: at-least-once redelivery, not the replay's start.
+        The cursor event itself counts only after an earlier duplicate; sent
+        first, it is the inclusive contract's re-send, which the contract
+        rule judges."""
+        if event.is_marker or event.event_id is None or self._session_changed is not None:
+            return False
+        raw = event.event_id.raw
+        if raw not in self._seen or self._seen[raw] != event.digest:
+            return False
+        cursor = self.cursor.event_id.raw
+        if raw == cursor:
+            if self._duplicates:
+                self._cursor_redelivered = True
+                return True
+            return False
+        order = compare_event_ids(event.event_id, self.cursor.event_id)
+        if order is not None:
+            return order == -1
+        for seen in self._seen:  # oldest first: opaque ids order by arrival
+            if seen == raw:
+                return cursor in self._seen
+            if seen == cursor:
+                return False
+        return False
+
     def _first_event(self, first: ObservedEvent) -> list[Gap]:
         self.first_event_id = first.event_id.raw if first.event_id else None
         found: list[Gap] = []
@@ -575,9 +746,10 @@ class ResumeCheck:
         if not found:
             # Only a stream that kept its session and its counter can be
             # judged against the contract and the drain race.
+            redelivered = self._cursor_redelivered
             for gap in (
-                replay_contract_rule(self.cursor, first, self.contract),
-                drain_race_rule(self.cursor, first),
+                replay_contract_rule(self.cursor, first, self.contract, redelivered=redelivered),
+                drain_race_rule(self.cursor, first, redelivered=redelivered),
             ):
                 if gap is not None:
                     found.append(gap)
@@ -597,7 +769,8 @@ class ResumeCheck:
             outcome = Outcome.UNVERIFIABLE
         else:
             order = compare_event_ids(first.event_id, self.cursor.event_id)
-            outcome = Outcome.RESUMED if order is not None else Outcome.UNVERIFIABLE
+            follows = first.event_id.raw == self.cursor.event_id.successor
+            outcome = Outcome.RESUMED if order is not None or follows else Outcome.UNVERIFIABLE
         self._decide(outcome, found)
         return found
 
@@ -622,7 +795,9 @@ class ResumeCheck:
             if entry.event_id is None:
                 continue
             order = compare_event_ids(entry.event_id, self.cursor.event_id)
-            resent = first.event_id is not None and first.event_id.raw == entry.event_id.raw
+            resent = (first.event_id is not None and first.event_id.raw == entry.event_id.raw) or (
+                self._cursor_redelivered and entry.event_id.raw == self.cursor.event_id.raw
+            )
             if order == -1 or (order == 0 and not resent):
                 del self._pending[rid]
                 found.append(
@@ -636,6 +811,9 @@ class ResumeCheck:
 
     def _responses(self, event: ObservedEvent) -> list[Gap]:
         found: list[Gap] = []
+        if event.unreadable:
+            self._ledger_unknown = True
+            self._pending.clear()
         for rid in event.response_ids:
             if self._pending.pop(rid, None) is not None:
                 continue
@@ -646,6 +824,9 @@ class ResumeCheck:
         return found
 
     def _orphan_all(self, why: str) -> list[Gap]:
+        if self._ledger_unknown:
+            self._pending.clear()
+            return []
         found = [
             orphaned_request_rule(rid, entry.method, why) for rid, entry in self._pending.items()
         ]
@@ -690,6 +871,15 @@ class StreamCursor:
     last_event_id: int | str
 
 
+def _seed_id(event_id: int | str) -> EventId | None:
+    """An id as the seed's API takes it: a Python int that reads as a
+    counter (not negative, at most 40 digits) is one by type, even where
+    its digits would look like a clock; anything else by its shape."""
+    if type(event_id) is int and 0 <= event_id < 10**MAX_COUNTER_DIGITS:
+        return EventId(str(event_id), "", event_id)
+    return parse_event_id(str(event_id))
+
+
 def verify_resumption(
     cursor: StreamCursor,
     response_session_id: str,
@@ -710,8 +900,8 @@ def verify_resumption(
             "no replayed event on resume; cannot distinguish caught-up "
             "from replay-unsupported, refuse to treat as continuous"
         )
-    first = parse_event_id(str(first_replayed_event_id))
-    last = parse_event_id(str(cursor.last_event_id))
+    first = _seed_id(first_replayed_event_id)
+    last = _seed_id(cursor.last_event_id)
     if first is None or last is None:
         raise ResumptionGapError("empty event id on resume; continuity is unproven")
     order = compare_event_ids(first, last)

@@ -1,7 +1,13 @@
 # Copyright The OpenTelemetry Authors
 # SPDX-License-Identifier: Apache-2.0
 """What the continuity checks need from a JSON-RPC message: request and
-response ids.  Pure: standard library only; never raises."""
+response ids, and the meaning of an event's data.  Pure: standard library
+only; never raises.
+
+A body that is not read (over the limit, streamed, compressed, not JSON) is
+*unknown*, which is not the same as "holds no request": the callers must
+not take it for evidence of anything (``None`` below, never ``()``).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +17,8 @@ import json
 # JSON-RPC ids are chosen by the peer, the server's at any length: a key over
 # this many UTF-8 bytes is a digest of the id (equal ids keep equal keys).
 MAX_KEY_BYTES = 128
-# Bodies above this are not parsed: a tool result can be megabytes, and the
-# ids are not worth that much CPU on the host's hot path.
+# Bodies above this many UTF-8 bytes are not parsed: a tool result can be
+# megabytes, and the ids are not worth that much CPU on the host's hot path.
 MAX_PARSED_BYTES = 64 * 1024
 
 
@@ -32,21 +38,45 @@ def request_key(request_id: object) -> str | None:
     return "#sha256:" + hashlib.sha256(encoded).hexdigest()[:32]
 
 
-def _messages(text: str | bytes | None) -> list[dict]:
-    if not text or len(text) > MAX_PARSED_BYTES:
-        return []
+def within_limit(text: str | bytes) -> bool:
+    """``text`` is at most ``MAX_PARSED_BYTES`` long in UTF-8."""
+    size = len(text)
+    if size > MAX_PARSED_BYTES:
+        return False
+    if isinstance(text, bytes) or size * 4 <= MAX_PARSED_BYTES or text.isascii():
+        return True
+    return len(text.encode("utf-8", "surrogatepass")) <= MAX_PARSED_BYTES
+
+
+def _decoded(text: str | bytes | None) -> object:
+    """The parsed JSON, or ``_UNREAD``."""
+    if not text or not within_limit(text):
+        return _UNREAD
     try:
-        decoded = json.loads(text)
+        return json.loads(text)
     except (ValueError, TypeError, RecursionError):
-        return []
+        return _UNREAD
+
+
+_UNREAD = object()
+
+
+def _messages(text: str | bytes | None) -> list[dict] | None:
+    decoded = _decoded(text)
+    if decoded is _UNREAD:
+        return None
     items = decoded if isinstance(decoded, list) else [decoded]
     return [item for item in items if isinstance(item, dict)]
 
 
-def requests_in(text: str | bytes | None) -> list[tuple[str, str]]:
-    """(id key, method) of every request (not notification) in a body."""
+def requests_in(text: str | bytes | None) -> list[tuple[str, str]] | None:
+    """(id key, method) of every request (not notification) in a body;
+    ``None`` when the body could not be read."""
+    messages = _messages(text)
+    if messages is None:
+        return None
     found = []
-    for message in _messages(text):
+    for message in messages:
         method = message.get("method")
         key = request_key(message.get("id"))
         if isinstance(method, str) and key is not None:
@@ -54,15 +84,42 @@ def requests_in(text: str | bytes | None) -> list[tuple[str, str]]:
     return found
 
 
-def responses_in(text: str | None) -> tuple[str, ...]:
-    """Id keys of every response (result or error) in an event's data."""
+def responses_in(text: str | None) -> tuple[str, ...] | None:
+    """Id keys of every response (result or error) in an event's data;
+    ``None`` when the data may hold one but could not be read."""
     # Cheap pre-check: most events on a busy stream are notifications.
     if not text or ('"result"' not in text and '"error"' not in text):
         return ()
+    messages = _messages(text)
+    if messages is None:
+        return None
     return tuple(
         key
-        for message in _messages(text)
+        for message in messages
         if "method" not in message and ("result" in message or "error" in message)
         for key in (request_key(message.get("id")),)
         if key is not None
     )
+
+
+def is_message(text: str | None) -> bool:
+    """``text`` is a JSON-RPC message (or batch): what an MCP event carries.
+    Anything else on an MCP stream (``ping``, ``{}``) is a keep-alive."""
+    if not text or '"jsonrpc"' not in text:
+        return False
+    messages = _messages(text)
+    return messages is None or any("jsonrpc" in message for message in messages)
+
+
+def canonical_digest(text: str | None) -> int | None:
+    """A digest of what JSON ``text`` means, not of its bytes: the same for
+    ``{"a": 1, "b": 2}`` and ``{"b":2,"a":1}`` (a store that keeps JSON as
+    JSONB sends it back so).  ``None`` where it does not parse.  Costs a
+    parse: for the few events a resume compares, never per event."""
+    decoded = _decoded(text)
+    if decoded is _UNREAD:
+        return None
+    try:
+        return hash(json.dumps(decoded, sort_keys=True, separators=(",", ":")))
+    except (ValueError, TypeError, RecursionError):
+        return None

@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -83,14 +83,19 @@ class RequestFacts:
     """What one outgoing HTTP request tells the continuity checks."""
 
     method: str
-    server: str  # host:port, the scope of event ids
+    server: str  # host:port; event ids are scoped to a session on it, or to a path
     host: str  # for metric attributes: bounded, never a path or query
     last_event_id: str | None = None
     session_id: str | None = None  # Mcp-Session-Id header
     legacy_session_id: str | None = None  # sessionId / session_id query parameter
     protocol_version: str | None = None
-    requests: list[tuple[str, str]] = field(default_factory=list)  # JSON-RPC (id key, method)
+    # JSON-RPC (id key, method) in the body; None: a body that was not read
+    requests: list[tuple[str, str]] | None = field(default_factory=list)
     port: int | None = None  # server.port: with the address, what tells servers apart
+    path: str = ""  # the URL path: the scope of a sessionless stream's event ids
+    # The request itself shows MCP: an Mcp-Session-Id or MCP-Protocol-Version
+    # header, a legacy session query parameter, or a JSON-RPC body.
+    mcp: bool = True
 
 
 class StreamContext:
@@ -108,12 +113,13 @@ class StreamContext:
         "reader",
         "span",
         "started",
+        "status",
         "stream",
         "transport",
         "uncounted",
     )
 
-    def __init__(self, facts: RequestFacts, stream: Stream, transport: str) -> None:
+    def __init__(self, facts: RequestFacts, stream: Stream | None, transport: str) -> None:
         self.facts = facts
         self.stream = stream
         self.transport = transport
@@ -127,6 +133,7 @@ class StreamContext:
         self.uncounted = 0
         self.counted_at = time.monotonic()
         self.events_key = (transport, facts.host, facts.port)
+        self.status = 0  # of a candidate (``stream`` None), for when it is promoted
         # The SSE patch's record of a stream read without reporting each
         # event (patches.sse.Feed), and a weak reference to the iterator
         # that reads it (the close patch asks whether a close comes from
@@ -398,7 +405,11 @@ class ContinuityProcessor(SpanProcessor):
         **overrides: Any,
     ) -> None:
         self.settings = settings or config.load(overrides)
-        self.tracker = Tracker(self.settings.max_streams, self.settings.replay_contract)
+        self.tracker = Tracker(
+            self.settings.max_streams,
+            self.settings.replay_contract,
+            event_id_pattern=self.settings.event_id_pattern,
+        )
         self.enabled = True
         self._tracer = trace.get_tracer(
             sc.INSTRUMENTATION_NAME,
@@ -539,8 +550,10 @@ class ContinuityProcessor(SpanProcessor):
         self, facts: RequestFacts, attributes: Mapping[str, Any] | None = None
     ) -> ResumeStart | None:
         """Called before the request is sent; a resume opens ``mcp.resume``.
-        ``attributes``: ``request_attributes(facts)`` if the caller has them."""
-        if facts.last_event_id is None:
+        ``attributes``: ``request_attributes(facts)`` if the caller has them.
+        A request that does not show MCP itself gets its span, if its answer
+        does, when the answer arrives."""
+        if facts.last_event_id is None or not facts.mcp:
             if facts.method == "DELETE" and facts.session_id:
                 # Before the answer: the server closes the session's streams
                 # while it handles the DELETE.
@@ -565,13 +578,29 @@ class ContinuityProcessor(SpanProcessor):
         status: int,
         response_session_id: str | None,
         event_stream: bool,
+        response_mcp: bool = False,
     ) -> StreamContext | None:
         """The response's headers arrived.  Returns the context of the SSE
-        stream to read, or None when there is nothing to follow."""
+        stream to read, or None when there is nothing to follow.
+
+        Only MCP traffic is tracked.  ``response_mcp``: the answer has an
+        MCP-Protocol-Version header.  A request and answer without any sign
+        of MCP are let go here, except a GET answered with an event stream:
+        the legacy transport shows itself only by its first event
+        (``endpoint``), so that stream is a *candidate* (``stream`` None),
+        promoted or let go at its first event (:meth:`promote`)."""
         self._deferred.run()  # a stream that ended in a finalizer, before this one opens
+        if not (facts.mcp or response_session_id or response_mcp):
+            if event_stream and facts.method == "GET" and status < 300:
+                candidate = StreamContext(facts, None, sc.TRANSPORT_SSE)
+                candidate.status = status
+                return candidate
+            return None
         self.server_seen(facts.host, facts.port)
+        if resume is None and facts.last_event_id is not None:
+            resume = self.begin_request(replace(facts, mcp=True))
         if not event_stream:
-            if facts.legacy_session_id and facts.requests and status < 300:
+            if facts.legacy_session_id and facts.requests != [] and status < 300:
                 # Legacy transport: the answer comes on the session's GET stream.
                 self.tracker.request_sent(facts.server, facts.legacy_session_id, facts.requests)
             if resume is None:
@@ -581,6 +610,16 @@ class ContinuityProcessor(SpanProcessor):
             return None
         return self._open(facts, resume, status, response_session_id, event_stream)
 
+    def promote(self, context: StreamContext, event_type: str) -> bool:
+        """A candidate stream's first event: an ``endpoint`` event makes it a
+        legacy MCP stream, tracked from this event on; anything else lets it go."""
+        if event_type != "endpoint" or not self.enabled:
+            return False
+        facts = replace(context.facts, mcp=True)
+        self.server_seen(facts.host, facts.port)
+        resume = self.begin_request(facts)
+        return self._open(facts, resume, context.status, None, True, context) is not None
+
     def _open(
         self,
         facts: RequestFacts,
@@ -588,18 +627,20 @@ class ContinuityProcessor(SpanProcessor):
         status: int,
         response_session_id: str | None,
         event_stream: bool,
+        context: StreamContext | None = None,
     ) -> StreamContext | None:
         transport = self._transport(facts, response_session_id)
         session_id = response_session_id or facts.session_id
-        if facts.requests and event_stream:
-            self.tracker.request_sent(facts.server, session_id, facts.requests)
+        if facts.requests != [] and event_stream:
+            self.tracker.request_sent(facts.server, session_id, facts.requests, facts.path)
         stream = self.tracker.open_stream(
             facts.server,
             transport,
             session_id=session_id,
             request_session_id=facts.session_id,
             last_event_id=facts.last_event_id,
-            carries=[key for key, _ in facts.requests],
+            carries=[key for key, _ in facts.requests or ()],
+            path=facts.path,
         )
         self._report_evictions()  # admitting a stream is what evicts one
         self._deferred.start()  # its iterator may be finalised by the GC
@@ -610,7 +651,10 @@ class ContinuityProcessor(SpanProcessor):
             held = self._held.pop(earlier.key, None)
             if held is not None and earlier.check is not None:
                 self._apply(held, Step(final=earlier.check.final))
-        context = StreamContext(facts, stream, transport)
+        if context is None:
+            context = StreamContext(facts, stream, transport)
+        else:  # a candidate promoted: the patches already hold it
+            context.__init__(facts, stream, transport)
         if resume is None:
             return context
         context.span = resume.span
@@ -678,7 +722,7 @@ class ContinuityProcessor(SpanProcessor):
         of an unproven stream."""
         if context.error is not None:
             raise context.error
-        if not self.enabled:
+        if not self.enabled or context.stream is None:
             return
         context.uncounted += 1
         if context.uncounted >= EVENTS_BATCH or (
@@ -723,11 +767,12 @@ class ContinuityProcessor(SpanProcessor):
         cancelled without one."""
         if context.feed is not None:
             context.feed.held = False  # what the tracker reads of a fed stream
-        self.tracker.event_consumed(context.stream)
+        if context.stream is not None:
+            self.tracker.event_consumed(context.stream)
 
     def retry_seen(self, context: StreamContext, retry_ms: int) -> None:
         """The stream carried a ``retry:`` field (a polling server)."""
-        if isinstance(retry_ms, int) and retry_ms >= 0:
+        if context.stream is not None and isinstance(retry_ms, int) and retry_ms >= 0:
             self.tracker.retry_seen(context.stream, retry_ms)
 
     def ended(
@@ -740,6 +785,8 @@ class ContinuityProcessor(SpanProcessor):
     ) -> None:
         """The stream ended; ``clean``: its body ended normally, not by a
         read error (a server closing a polling stream on purpose)."""
+        if context.stream is None:
+            return  # a candidate never promoted: not MCP, nothing to report
         if collecting():
             # An iterator finalised by the GC, maybe at an allocation made while
             # this thread holds the tracker's or the SDK's lock: report later.
@@ -799,7 +846,7 @@ class ContinuityProcessor(SpanProcessor):
         # gives the same outcome each time; with nothing in flight it is
         # `rejected` at once.
         return self.tracker.awaits_answers(
-            facts.server, facts.last_event_id or "", facts.session_id
+            facts.server, facts.last_event_id or "", facts.session_id, facts.path
         )
 
     def _park(self, hop: _Hop) -> None:

@@ -31,15 +31,18 @@ from typing import Any, NamedTuple
 
 from .continuity import (
     Cursor,
+    EventId,
     Gap,
     ObservedEvent,
     ReplayContract,
     ResumeCheck,
     Verdict,
+    corroborated,
     orphaned_request_rule,
+    parse_declared,
     parse_event_id,
 )
-from .jsonrpc import responses_in
+from .jsonrpc import canonical_digest, is_message, responses_in
 
 SEEN_WINDOW = 16  # event ids remembered per session, for id_reused
 MAX_REQUESTS = 256  # in-flight JSON-RPC requests remembered per session
@@ -77,37 +80,23 @@ class Event(NamedTuple):
 
 
 class SeenWindow(dict):
-    """The last ``SEEN_WINDOW`` event ids of a session, each with the digest of
-    its data, oldest first.  Keyed by the id's ``hash()``, an int of fixed size
-    (keyed per process, so a server cannot aim at a collision): the window is
-    what a session costs most, and raw ids can be as long as the kept bound."""
+    """The last ``SEEN_WINDOW`` event ids of a session, as kept
+    (:func:`bounded_id`), each with the digest of its data (None: a marker),
+    oldest first.  The ids themselves, not their hashes: whether a session's
+    id scheme counts is read from them (:func:`corroborated`)."""
 
     __slots__ = ()
 
-    def get(self, event_id: str, default: int | None = None) -> int | None:  # type: ignore[override]
-        return dict.get(self, hash(event_id), default)
-
-    def __contains__(self, event_id: object) -> bool:
-        return dict.__contains__(self, hash(event_id))
-
-    def remember(self, event_id: str, digest: int) -> None:  # per event: _put written out
-        key = hash(event_id)
-        if dict.__contains__(self, key):
-            del self[key]
-        self[key] = digest
+    def remember(self, event_id: str, digest: int | None) -> None:
+        if event_id in self:
+            del self[event_id]  # to the newest end
+        self[event_id] = digest
         if len(self) > SEEN_WINDOW:
             del self[next(iter(self))]
 
     def merge(self, other: SeenWindow) -> None:
-        for key, digest in other.items():
-            self._put(key, digest)
-
-    def _put(self, key: int, digest: int) -> None:
-        if dict.__contains__(self, key):
-            del self[key]  # to the newest end
-        self[key] = digest
-        if len(self) > SEEN_WINDOW:
-            del self[next(iter(self))]
+        for event_id, digest in other.items():
+            self.remember(event_id, digest)
 
 
 class Session:
@@ -116,10 +105,10 @@ class Session:
     __slots__ = (
         "history_lost",
         "holders",
+        "ledger_unknown",
         "pending",
         "seen",
         "sent",
-        "sent_overflowed",
         "server",
         "session_id",
         "terminated",
@@ -142,14 +131,16 @@ class Session:
         # request keys sent, oldest first; a list because it is appended to
         # per request and searched only at a resume
         self.sent: list[str] | None = None
-        self.sent_overflowed = False
+        # Requests were sent that the ledger does not know: it forgot the
+        # oldest, or a body was not read (too large, streamed, not JSON).
+        self.ledger_unknown = False
         # A stream of this session was dropped (or the session is a new record
         # for a key whose older one may have been): its cursors can be gone.
         self.history_lost = history_lost
 
     def sent_here(self, request_key: str) -> bool:
-        # A ledger that has forgotten ids cannot prove a response foreign.
-        return self.sent_overflowed or (self.sent is not None and request_key in self.sent)
+        # A ledger that does not know every id sent cannot prove a response foreign.
+        return self.ledger_unknown or (self.sent is not None and request_key in self.sent)
 
     def answered(self, request_keys: Iterable[str]) -> None:
         pending = self.pending
@@ -162,6 +153,17 @@ class Session:
             if not pending:
                 self.pending = None  # an emptied dict keeps its table
                 self.holders = None
+
+    def forget_pending(self, lineage: int) -> None:
+        """An event of ``lineage`` may have answered any of its requests, but
+        could not be read: none of them can be proven orphaned."""
+        pending = self.pending
+        if pending:
+            for key, (_, owner) in list(pending.items()):
+                if owner is None or owner == lineage:
+                    del pending[key]
+            if not pending:
+                self.pending = None
 
 
 class Stream:
@@ -177,6 +179,7 @@ class Stream:
     __slots__ = (
         "carries",
         "check",
+        "consumed_data",
         "continued",
         "dirty",
         "ended",
@@ -184,8 +187,11 @@ class Stream:
         "indexed",
         "key",
         "last_consumed",
+        "last_data",
         "last_received",
         "lineage",
+        "meanings",
+        "path",
         "primed",
         "resumed_again",
         "retry_ms",
@@ -197,15 +203,25 @@ class Stream:
         "unconsumed_responses",
     )
 
-    def __init__(self, key: int, server: str, transport: str, session: Session) -> None:
+    def __init__(
+        self, key: int, server: str, transport: str, session: Session, path: str | None = None
+    ) -> None:
         self.key = key
         self.server = server
+        self.path = path  # the URL path: the scope of a sessionless stream's ids
         self.transport = transport
         self.session = session
         self.lineage = key
         self.last_received: str | None = None
         self.last_consumed: str | None = None
         self.taken = False
+        # The data of the last received and last consumed events while the
+        # stream is read (references, not copies); once it ended, under the
+        # inclusive contract, the digests of their JSON meaning by id: what
+        # a server may send again in other bytes.
+        self.last_data: str | None = None
+        self.consumed_data: str | None = None
+        self.meanings: dict[str, int | None] | None = None
         self.unconsumed_responses: tuple[str, ...] = ()
         self.check: ResumeCheck | None = None
         self.continued: tuple[Stream, ...] = ()
@@ -265,15 +281,23 @@ class Tracker:
         self,
         max_streams: int = 10_000,
         contract: ReplayContract = ReplayContract.EXCLUSIVE,
+        event_id_pattern: object | None = None,
     ) -> None:
         self.max_streams = max(1, max_streams)
         self.contract = contract
+        # A declared scheme (a compiled regex with a ``counter`` group)
+        # replaces the inference from the ids' shape.
+        self._parse: Callable[[str | None], EventId | None] = (
+            parse_event_id
+            if event_id_pattern is None
+            else (lambda raw, pattern=event_id_pattern: parse_declared(raw, pattern))
+        )
         self.evicted_streams = 0
         self.evicted_sessions = 0
         self._lock = threading.Lock()
         self._keys = itertools.count(1)
         self._streams: OrderedDict[int, Stream] = OrderedDict()
-        self._sessions: OrderedDict[tuple[str, str | None], Session] = OrderedDict()
+        self._sessions: OrderedDict[tuple[str, str | None, str | None], Session] = OrderedDict()
         # (server, event id) -> the stream, or {key: stream} for several, whose
         # last received or consumed event it is, most recent last: the cursors
         # a client may present on reconnect.  Several when sessions count their
@@ -297,11 +321,20 @@ class Tracker:
     # ---------------------------------------------------------- requests
 
     def request_sent(
-        self, server: str, session_id: str | None, requests: Iterable[tuple[str, str]]
+        self,
+        server: str,
+        session_id: str | None,
+        requests: Iterable[tuple[str, str]] | None,
+        path: str | None = None,
     ) -> None:
-        """JSON-RPC requests POSTed in a session (or sessionless)."""
+        """JSON-RPC requests POSTed in a session (or sessionless, to ``path``);
+        ``None``: a body that was not read, so the ledger no longer knows
+        every request of the session."""
         with self._lock:
-            session = self._session(server, session_id)
+            session = self._session(server, session_id, path)
+            if requests is None:
+                session.ledger_unknown = True
+                return
             for key, method in requests:
                 if session.pending is None:
                     session.pending = {}
@@ -312,7 +345,7 @@ class Tracker:
                 session.sent.append(key)
                 if len(session.sent) > SENT_WINDOW:
                     del session.sent[0]
-                    session.sent_overflowed = True
+                    session.ledger_unknown = True
 
     # ----------------------------------------------------------- streams
 
@@ -325,23 +358,25 @@ class Tracker:
         last_event_id: str | None = None,
         carries: Iterable[str] = (),
         request_session_id: str | None = None,
+        path: str | None = None,
     ) -> Stream:
         """An SSE response is about to be read.  ``last_event_id`` makes it a
         resume; ``carries`` are request keys whose responses it will carry.
         ``session_id`` is the stream's session (the response's, else the
         request's); ``request_session_id``, the session the request named,
         is the one the client says its cursor belongs to (default: the
-        stream's), and the cursor is looked up there."""
+        stream's), and the cursor is looked up there.  ``path`` scopes the
+        ids of a stream without a session: never a whole origin."""
         cursor = bounded_id(last_event_id) or None
         claimed = request_session_id if request_session_id is not None else session_id
         with self._lock:
             self._flush()
-            previous = self._cursor_owner(server, cursor, claimed) if cursor else None
+            previous = self._cursor_owner(server, cursor, claimed, path) if cursor else None
             if previous is not None and previous.session.session_id is not None:
                 session = previous.session
             else:
-                session = self._session(server, session_id)
-            stream = Stream(next(self._keys), server, transport, session)
+                session = self._session(server, session_id, path)
+            stream = Stream(next(self._keys), server, transport, session, path)
             self._admit(stream)
             stream.carries = tuple(carries)
             pending = session.pending
@@ -360,14 +395,15 @@ class Tracker:
         previous: Stream | None,
         request_session_id: str | None,
     ) -> ResumeCheck:
-        cursor_id = parse_event_id(cursor_raw)
+        cursor_id = self._parse(cursor_raw)
         if previous is None:
             # Evicted or never seen: the request's own session header is the
-            # only binding left, and nothing else can be proven.
-            cursor = Cursor(cursor_id, session_id=request_session_id)
+            # only binding left, and nothing else can be proven (not even the
+            # id's order: no history shows its scheme counting).
+            cursor = Cursor(EventId(cursor_raw), session_id=request_session_id)
             return ResumeCheck(cursor, self.contract)
         self._settle(previous)
-        previous.ended = True
+        self._ended(previous)
         previous.resumed_again = True
         # Attempts of this lineage that ended holding its requests are over:
         # this one takes the requests over.  The caller reports them.
@@ -383,11 +419,12 @@ class Tracker:
         session = previous.session
         unconsumed = previous.last_received == cursor_raw and previous.last_consumed != cursor_raw
         cursor = Cursor(
-            cursor_id,
+            corroborated(cursor_id, session.seen),
             session_id=session.session_id,
             known=True,
             consumed=not unconsumed,
             digest=session.seen.get(cursor_raw),
+            meaning=previous.meanings.get(cursor_raw) if previous.meanings else None,
             transport=previous.transport,
         )
         pending: dict[str, str] = {}
@@ -396,7 +433,7 @@ class Tracker:
                 if lineage is None or lineage == previous.lineage:
                     pending[key] = method
             session.answered(pending)  # they are the resume's to settle now
-        carrier = parse_event_id(previous.last_received)
+        carrier = self._parse(previous.last_received)
         unconsumed_responses = {
             key: (pending.pop(key, ""), carrier) for key in previous.unconsumed_responses
         }
@@ -421,7 +458,9 @@ class Tracker:
             owner = self._cursor_owner(server, cursor, None)
             return owner.session.session_id if owner is not None else None
 
-    def awaits_answers(self, server: str, last_event_id: str, session_id: str | None) -> bool:
+    def awaits_answers(
+        self, server: str, last_event_id: str, session_id: str | None, path: str | None = None
+    ) -> bool:
         """Whether resuming this cursor would settle requests still in flight
         (whose answers a rejected resume would orphan)."""
         cursor = bounded_id(last_event_id) or None
@@ -429,7 +468,7 @@ class Tracker:
             return False
         with self._lock:
             self._flush()
-            owner = self._cursor_owner(server, cursor, session_id)
+            owner = self._cursor_owner(server, cursor, session_id, path)
             if owner is None:
                 return False
             if owner.unconsumed_responses:
@@ -520,18 +559,46 @@ class Tracker:
             digest = hash(data)
         # Most events on a busy stream are notifications: skip the call.
         responses = responses_in(data) if '"result"' in data or '"error"' in data else ()
+        unreadable = responses is None
+        if unreadable:
+            responses = ()
+        priming = not data
         self._take(stream)  # asking for this event took the one before
         step = NOTHING
         check = stream.check
-        if check is not None and check.event_matters(event_id, digest, bool(responses)):
-            event = ObservedEvent(parse_event_id(event_id), digest, not data, responses)
+        session = stream.session
+        if check is not None and event_id is not None and data:
+            previous = session.seen.get(event_id)
+            if previous is not None and previous != digest:
+                # The one case that reads the data: on a resumed stream,
+                # an id seen before with other bytes, which would be
+                # reported as a reuse.
+                if not is_message(data):
+                    data = ""  # a keep-alive repeating the id: a marker
+                elif self._same_meaning(check, event_id, data):
+                    digest = previous
+        if unreadable:
+            session.forget_pending(stream.lineage)
+        if check is not None and check.event_matters(
+            event_id, digest, bool(responses) or unreadable
+        ):
+            event = ObservedEvent(
+                self._parse(event_id), digest, not data, responses, unreadable
+            )
             step = self._run(check, lambda: check.on_event(event))
         if event_id is not None:
-            if data:  # markers carry no content to compare
-                stream.session.seen.remember(event_id, digest)
-            else:  # a priming event: the server may close the stream to poll
-                stream.primed = True
+            if data:
+                session.seen.remember(event_id, digest)
+            else:
+                # A marker carries no content to compare, but its id shows
+                # whether the scheme counts; a priming event: the server
+                # may close the stream to poll.
+                if priming:
+                    stream.primed = True
+                if event_id not in session.seen:
+                    session.seen.remember(event_id, None)
             stream.last_received = event_id
+            stream.last_data = data
         stream.unconsumed_responses = responses
         if not stream.dirty:
             stream.dirty = True
@@ -551,7 +618,7 @@ class Tracker:
     def session_terminated(self, server: str, session_id: str) -> None:
         """The client asked the server to end the session (HTTP DELETE)."""
         with self._lock:
-            session = self._sessions.get((server, session_id))
+            session = self._sessions.get((server, session_id, None))
             if session is not None:
                 session.terminated = True
 
@@ -587,7 +654,7 @@ class Tracker:
             self._settle(stream)
             if stream.ended and stream.check is None:
                 return NOTHING
-            stream.ended = True
+            self._ended(stream)
             stream.server_closed = (
                 clean and not closed_by_client and stream.primed and not stream.session.terminated
             )
@@ -670,6 +737,29 @@ class Tracker:
 
     # ---------------------------------------------------------- internals
 
+    def _ended(self, stream: Stream) -> None:
+        """The stream will deliver no more events: keep of its last event's
+        data only what a resume may compare."""
+        stream.ended = True
+        received, consumed = stream.last_data, stream.consumed_data
+        stream.last_data = stream.consumed_data = None
+        if self.contract is ReplayContract.INCLUSIVE and (received or consumed):
+            # Only an inclusive server sends the cursor event again.
+            meanings: dict[str, int | None] = {}
+            if consumed and stream.last_consumed is not None:
+                meanings[stream.last_consumed] = canonical_digest(consumed)
+            if received and stream.last_received is not None:
+                meanings[stream.last_received] = canonical_digest(received)
+            stream.meanings = meanings
+
+    @staticmethod
+    def _same_meaning(check: ResumeCheck | None, event_id: str, data: str) -> bool:
+        """The cursor event sent again with the same JSON meaning in other
+        bytes (a store that keeps JSON as JSONB)."""
+        if check is None or check.cursor.meaning is None or event_id != check.cursor.event_id.raw:
+            return False
+        return canonical_digest(data) == check.cursor.meaning
+
     @staticmethod
     def _run(check: ResumeCheck, observe: Callable[[], list[Gap]]) -> Step:
         undecided = check.verdict is None
@@ -695,6 +785,7 @@ class Tracker:
             stream.unconsumed_responses = ()
         if stream.last_received is not None:
             stream.last_consumed = stream.last_received
+            stream.consumed_data = stream.last_data
 
     def _flush(self) -> None:
         """Bring the cursor index and the LRU order up to date with the
@@ -748,11 +839,21 @@ class Tracker:
             if len(owners) == 1:  # back to the common case: one owner, no dict
                 self._cursors[key] = next(iter(owners.values()))
 
-    def _cursor_owner(self, server: str, cursor: str, session_id: str | None) -> Stream | None:
+    def _cursor_owner(
+        self, server: str, cursor: str, session_id: str | None, path: str | None = None
+    ) -> Stream | None:
         owners = self._cursors.get((server, cursor))
         if owners is None:
             return None
         candidates = [owners] if isinstance(owners, Stream) else list(owners.values())
+        # A stream without a session issued its ids for its URL path only.
+        candidates = [
+            stream
+            for stream in candidates
+            if stream.session.session_id is not None or stream.path == path
+        ]
+        if not candidates:
+            return None
         if session_id is not None:
             for stream in reversed(candidates):
                 if stream.session.session_id == session_id:
@@ -760,7 +861,7 @@ class Tracker:
             # Another session's stream holds an equal id.  That binds the
             # cursor to the other session only if the named one could not
             # have issued it: per-session counters repeat ids across sessions.
-            named = self._sessions.get((server, session_id))
+            named = self._sessions.get((server, session_id, None))
             if named is None:
                 if self.evicted_sessions:
                     return None  # it may have been dropped with its streams
@@ -768,8 +869,9 @@ class Tracker:
                 return None
         return candidates[-1]
 
-    def _session(self, server: str, session_id: str | None) -> Session:
-        key = (server, session_id)
+    def _session(self, server: str, session_id: str | None, path: str | None = None) -> Session:
+        # Sessionless streams share ids per URL path, not per origin.
+        key = (server, session_id, None if session_id is not None else path)
         session = self._sessions.get(key)
         if session is None:
             session = self._sessions[key] = Session(

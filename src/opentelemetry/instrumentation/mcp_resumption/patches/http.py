@@ -21,7 +21,7 @@ from wrapt import wrap_function_wrapper
 
 from opentelemetry import trace
 
-from ..jsonrpc import MAX_PARSED_BYTES, requests_in
+from ..jsonrpc import requests_in
 from ..processor import RequestFacts, StreamContext, _request_attributes
 from ..tracker import bounded_id
 from . import active, guarded
@@ -48,9 +48,38 @@ def _header(headers: Any, name: str) -> str | None:
     return value[:MAX_HEADER_LENGTH] if value else None
 
 
+def _body_requests(request: Any, mcp: bool) -> tuple[list[tuple[str, str]] | None, bool]:
+    """(the JSON-RPC requests in a POST body, whether it is JSON-RPC); the
+    requests are None where the body was not read: streamed (httpx raises
+    RequestNotRead), compressed, over the limit or, on a request that shows
+    MCP otherwise (``mcp``), not JSON."""
+    try:
+        body = request.content
+    except Exception:  # a streamed body: the hop of a redirect, or the caller's stream
+        carried = _redirected.get(request)
+        if carried is not None:
+            return carried, True
+        # A bytes body re-sent as a stream can be read again without consuming
+        # anything; any other stream is the caller's to read, not ours.
+        body = getattr(getattr(request, "stream", None), "_stream", None)
+        if not isinstance(body, bytes):
+            return None, False
+    if not body:
+        return [], False
+    jsonrpc = b'"jsonrpc"' in body
+    encoding = request.headers.get("content-encoding")
+    if encoding and encoding.strip().lower() != "identity":
+        return None, False
+    if not jsonrpc and not mcp:
+        return [], False  # read, and not MCP: nothing to look for
+    return requests_in(body), jsonrpc
+
+
 def request_facts(request: Any) -> RequestFacts | None:
-    """Facts of an MCP-looking request; None for other HTTP traffic, which
-    is left alone at the cost of a few header lookups."""
+    """Facts of a request that may be MCP; None for other HTTP traffic, which
+    is left alone at the cost of a few header lookups.  ``mcp`` says whether
+    the request shows MCP itself; if not, its answer has to (see
+    ``ContinuityProcessor.end_request``)."""
     headers = request.headers
     last_event_id = _header(headers, "last-event-id")
     session_id = bounded_id(_header(headers, "mcp-session-id"))
@@ -64,12 +93,15 @@ def request_facts(request: Any) -> RequestFacts | None:
             if params.get(name):
                 legacy_session_id = bounded_id(params[name][0])
                 break
-    if not (last_event_id or session_id or legacy_session_id or "text/event-stream" in accept):
-        return None
+    protocol_version = _header(headers, "mcp-protocol-version")
+    mcp = bool(session_id or legacy_session_id or protocol_version)
     method = request.method
-    requests: list[tuple[str, str]] = []
-    if method == "POST":
-        requests = _requests_of(request)
+    requests: list[tuple[str, str]] | None = []
+    if method == "POST" and (mcp or "text/event-stream" in accept):
+        requests, jsonrpc = _body_requests(request, mcp)
+        mcp = mcp or jsonrpc
+    if not (mcp or last_event_id or "text/event-stream" in accept):
+        return None
     host = url.host or ""
     return RequestFacts(
         method=method,
@@ -79,27 +111,11 @@ def request_facts(request: Any) -> RequestFacts | None:
         last_event_id=last_event_id,
         session_id=session_id,
         legacy_session_id=legacy_session_id,
-        protocol_version=_header(headers, "mcp-protocol-version"),
+        protocol_version=protocol_version,
         requests=requests,
+        path=url.path,
+        mcp=mcp,
     )
-
-
-def _requests_of(request: Any) -> list[tuple[str, str]]:
-    """The JSON-RPC requests of a POST, whatever its body type."""
-    try:
-        body = request.content
-    except Exception:  # a streamed body: the hop of a redirect, or the caller's stream
-        carried = _redirected.get(request)
-        if carried is not None:
-            return carried
-        # A bytes body re-sent as a stream can be read again without consuming
-        # anything; any other stream is the caller's to read, not ours.
-        body = getattr(getattr(request, "stream", None), "_stream", None)
-        if not isinstance(body, bytes):
-            return []
-    if body and len(body) <= MAX_PARSED_BYTES:
-        return requests_in(body)
-    return []
 
 
 def _prepare(args: tuple, kwargs: dict):
@@ -122,16 +138,18 @@ def _span_scope(resume: Any):
 
 
 def _observe_response(processor: Any, facts: RequestFacts, resume: Any, response: Any) -> None:
+    headers = response.headers
     next_request = getattr(response, "next_request", None)
     if next_request is not None and facts.requests:
         _redirected[next_request] = facts.requests
-    content_type = response.headers.get("content-type", "")
+    content_type = headers.get("content-type", "")
     context = processor.end_request(
         facts,
         resume,
         response.status_code,
-        bounded_id(_header(response.headers, "mcp-session-id")),
+        bounded_id(_header(headers, "mcp-session-id")),
         content_type.split(";", 1)[0].strip().lower() == "text/event-stream",
+        response_mcp="mcp-protocol-version" in headers,
     )
     if context is not None:
         streams[response] = context

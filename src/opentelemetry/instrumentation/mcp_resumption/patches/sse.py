@@ -445,11 +445,81 @@ async def _aeach(
             await aclose()
 
 
+def _promoted(processor: Any, context: Any, response: Any, sse: Any) -> bool:
+    """A candidate stream's first event decides whether it is MCP."""
+    if guarded("checking for an endpoint event", processor.promote, context, sse.event):
+        return True
+    streams.pop(response, None)  # not MCP: nothing more to look at
+    return False
+
+
+def _candidate(
+    events: Iterator[Any], context: Any, processor: Any, response: Any
+) -> Iterator[Any]:
+    """An event stream whose request and answer showed no MCP: one look at
+    its first event, then either observed as MCP or passed through."""
+    try:
+        first = next(events)
+    except StopIteration:
+        streams.pop(response, None)
+        return
+    if not _promoted(processor, context, response, first):
+        yield first
+        yield from events
+        return
+    yield from _observed(_prepend(first, events), context, processor, response)
+
+
+def _prepend(first: Any, events: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from events  # closing this closes ``events`` too
+
+
+async def _acandidate(
+    events: AsyncIterator[Any], context: Any, processor: Any, response: Any
+) -> AsyncIterator[Any]:
+    try:
+        first = await events.__anext__()
+    except StopAsyncIteration:
+        streams.pop(response, None)
+        return
+    if _promoted(processor, context, response, first):
+        events = _aprepend(first, events)
+        observed = _aobserved(events, context, processor, response)
+        try:
+            async for sse in observed:
+                yield sse
+        finally:
+            await observed.aclose()
+        return
+    try:
+        yield first
+        async for sse in events:
+            yield sse
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _aprepend(first: Any, events: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    try:
+        yield first
+        async for sse in events:
+            yield sse
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
 def _iterate(wrapped, instance, args, kwargs):
     events = wrapped(*args, **kwargs)
     context = guarded("finding the stream", _context_for, instance)
     if context is None:
         return events
+    if context.stream is None:
+        return _candidate(events, context, active.processor, _response_of(instance))
     return _observed(events, context, active.processor, _response_of(instance))
 
 
@@ -458,6 +528,8 @@ def _aiterate(wrapped, instance, args, kwargs):
     context = guarded("finding the stream", _context_for, instance)
     if context is None:
         return events
+    if context.stream is None:
+        return _acandidate(events, context, active.processor, _response_of(instance))
     return _aobserved(events, context, active.processor, _response_of(instance))
 
 
