@@ -24,8 +24,8 @@ import itertools
 import os
 import threading
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -79,24 +79,117 @@ class Event(NamedTuple):
     retry: int | None  # ms, from a ``retry:`` line
 
 
-class SeenWindow(dict):
+class SeenWindow:
     """The last ``SEEN_WINDOW`` event ids of a session, as kept
     (:func:`bounded_id`), each with the digest of its data (None: a marker),
-    oldest first.  The ids themselves, not their hashes: whether a session's
-    id scheme counts is read from them (:func:`corroborated`)."""
+    oldest first: a mapping to the rules, over the session's packed record.
+    The ids themselves, not their hashes: whether a session's id scheme
+    counts is read from them (:func:`corroborated`).
 
-    __slots__ = ()
+    Packed, because it is most of what a session costs: the ids joined into
+    one UTF-8 string (an SSE id never holds a NUL; a tuple if one does), the
+    digests as machine words in bytes.  A dict of ids and ints was over half
+    the bytes of a typical tracked stream.  Unpacked where the tracker folds
+    events in and where a resume reads it, both rare next to reading."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: Any = None) -> None:
+        self._owner = owner if owner is not None else _Packed()
+
+    def _ids(self) -> list[str]:
+        ids = self._owner.seen_ids
+        if ids is None:
+            return []
+        if isinstance(ids, bytes):
+            return ids.decode("utf-8", "surrogatepass").split(_SEPARATOR)
+        return list(ids)
+
+    def _digests(self) -> array:
+        digests = array("q")
+        digests.frombytes(self._owner.seen_digests)
+        return digests
+
+    def _store(self, ids: list[str], digests: array) -> None:
+        owner = self._owner
+        if not ids:
+            owner.seen_ids, owner.seen_digests = None, b""
+            return
+        packed = _SEPARATOR.join(ids)
+        # More separators than ids-1 means an id held one: keep a tuple.  In
+        # UTF-8: a str of wide characters takes 4 bytes per character.
+        owner.seen_ids = (
+            packed.encode("utf-8", "surrogatepass")
+            if packed.count(_SEPARATOR) == len(ids) - 1
+            else tuple(ids)
+        )
+        owner.seen_digests = digests.tobytes()
+
+    def __len__(self) -> int:
+        return len(self._ids())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids())
+
+    def __contains__(self, event_id: object) -> bool:
+        return event_id in self._ids()
+
+    def __getitem__(self, event_id: str) -> int | None:
+        digest = self._digests()[self._ids().index(event_id)]  # ValueError: not a key
+        return None if digest == _MARKER else digest
+
+    def get(self, event_id: str, default: int | None = None) -> int | None:
+        try:
+            return self[event_id]
+        except ValueError:
+            return default
+
+    def items(self) -> Iterator[tuple[str, int | None]]:
+        for event_id, digest in zip(self._ids(), self._digests()):
+            yield event_id, None if digest == _MARKER else digest
 
     def remember(self, event_id: str, digest: int | None) -> None:
-        if event_id in self:
-            del self[event_id]  # to the newest end
-        self[event_id] = digest
-        if len(self) > SEEN_WINDOW:
-            del self[next(iter(self))]
+        self.remember_all(((event_id, digest),))
+
+    def remember_all(self, entries: Iterable[tuple[str, int | None]]) -> None:
+        """Each entry to the newest end, in order: unpacked once for all."""
+        ids, digests = self._ids(), self._digests()
+        for event_id, digest in entries:
+            if event_id in ids:
+                index = ids.index(event_id)  # to the newest end
+                del ids[index]
+                del digests[index]
+            ids.append(event_id)
+            digests.append(_MARKER if digest is None else digest)
+        if len(ids) > SEEN_WINDOW:
+            del ids[: len(ids) - SEEN_WINDOW]
+            del digests[: len(digests) - SEEN_WINDOW]
+        self._store(ids, digests)
 
     def merge(self, other: SeenWindow) -> None:
-        for event_id, digest in other.items():
-            self.remember(event_id, digest)
+        self.remember_all(list(other.items()))
+
+
+class _Packed:
+    """A window's record when no session holds it."""
+
+    __slots__ = ("seen_digests", "seen_ids")
+
+    def __init__(self) -> None:
+        self.seen_ids: bytes | tuple[str, ...] | None = None
+        self.seen_digests = b""
+
+
+_SEPARATOR = "\x00"
+
+
+def _ids(indexed: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (indexed,) if isinstance(indexed, str) else indexed
+
+
+# hash() never returns -1 (CPython reserves it for errors), so it can stand
+# for "no digest" (a marker) in the packed window.
+_MARKER = -1
 
 
 class Session:
@@ -107,7 +200,8 @@ class Session:
         "holders",
         "ledger_unknown",
         "pending",
-        "seen",
+        "seen_digests",
+        "seen_ids",
         "sent",
         "server",
         "session_id",
@@ -120,7 +214,9 @@ class Session:
         # The client ended the session (HTTP DELETE): the server closing its
         # streams then is the client's doing, not a poll.
         self.terminated = False
-        self.seen = SeenWindow()
+        # The seen window, packed (see SeenWindow, the view the rules read).
+        self.seen_ids: bytes | tuple[str, ...] | None = None
+        self.seen_digests = b""
         # request key -> (method, lineage of the stream its response must come
         # on; None where any stream of the session may carry it, as in legacy
         # SSE); None until the first request, as most sessions hold few
@@ -128,15 +224,19 @@ class Session:
         # request key -> key of the resumed stream that ended holding it: its
         # lineage's deadline may orphan it only while no later stream took it
         self.holders: dict[str, int] | None = None
-        # request keys sent, oldest first; a list because it is appended to
-        # per request and searched only at a resume
-        self.sent: list[str] | None = None
+        # request keys sent, oldest first; a tuple (smaller than a list of
+        # one, the common case), searched only at a resume
+        self.sent: tuple[str, ...] | None = None
         # Requests were sent that the ledger does not know: it forgot the
         # oldest, or a body was not read (too large, streamed, not JSON).
         self.ledger_unknown = False
         # A stream of this session was dropped (or the session is a new record
         # for a key whose older one may have been): its cursors can be gone.
         self.history_lost = history_lost
+
+    @property
+    def seen(self) -> SeenWindow:
+        return SeenWindow(self)
 
     def sent_here(self, request_key: str) -> bool:
         # A ledger that does not know every id sent cannot prove a response foreign.
@@ -238,7 +338,7 @@ class Stream:
         # Waiting in Tracker._dirty to have its cursors indexed; the ids it
         # is indexed under now.
         self.dirty = False
-        self.indexed: tuple[str, ...] = ()
+        self.indexed: str | tuple[str, ...] = ()
         # The SSE patch's record of the events it did not report one by one
         # (``patches.sse.Feed``), while the stream is read; folded in under
         # the lock before anything reads the stream's state.
@@ -296,14 +396,18 @@ class Tracker:
         self.evicted_sessions = 0
         self._lock = threading.Lock()
         self._keys = itertools.count(1)
-        self._streams: OrderedDict[int, Stream] = OrderedDict()
-        self._sessions: OrderedDict[tuple[str, str | None, str | None], Session] = OrderedDict()
-        # (server, event id) -> the stream, or {key: stream} for several, whose
+        # Plain dicts in LRU order, oldest first (an OrderedDict costs ~60
+        # bytes more per entry): a use moves an entry to the end by deleting
+        # and re-inserting it.  Dropping the oldest skips the holes deleted
+        # entries leave at the front, fewer than a resize of the dict leaves.
+        self._streams: dict[int, Stream] = {}
+        self._sessions: dict[tuple[str, str | None, str | None], Session] = {}
+        # event id -> the stream (of any server), or {key: stream} for several, whose
         # last received or consumed event it is, most recent last: the cursors
         # a client may present on reconnect.  Several when sessions count their
         # ids separately.  Brought up to date only where it is read (a new
         # stream, an eviction): per event, a stream is just marked dirty.
-        self._cursors: dict[tuple[str, str], Stream | dict[int, Stream]] = {}
+        self._cursors: dict[str, Stream | dict[int, Stream]] = {}
         self._dirty: list[Stream] = []
         # Streams being read through a feed: folded in before a cursor lookup.
         self._fed: dict[int, Stream] = {}
@@ -340,12 +444,11 @@ class Tracker:
                     session.pending = {}
                 if len(session.pending) < MAX_REQUESTS:
                     session.pending[key] = (method, None)
-                if session.sent is None:
-                    session.sent = []
-                session.sent.append(key)
-                if len(session.sent) > SENT_WINDOW:
-                    del session.sent[0]
+                sent = (*(session.sent or ()), key)
+                if len(sent) > SENT_WINDOW:
+                    sent = sent[1:]
                     session.ledger_unknown = True
+                session.sent = sent
 
     # ----------------------------------------------------------- streams
 
@@ -598,7 +701,10 @@ class Tracker:
                 if event_id not in session.seen:
                     session.seen.remember(event_id, None)
             stream.last_received = event_id
-            stream.last_data = data
+            if self.contract is ReplayContract.INCLUSIVE:
+                # Only an inclusive server sends the cursor event again (see
+                # _ended); else this would keep the app's data alive.
+                stream.last_data = data
         stream.unconsumed_responses = responses
         if not stream.dirty:
             stream.dirty = True
@@ -800,25 +906,30 @@ class Tracker:
             self._settle(stream)
             if streams.get(stream.key) is not stream:
                 continue  # evicted: its cursors are gone with it
-            streams.move_to_end(stream.key)
+            streams[stream.key] = streams.pop(stream.key)  # to the newest end
             received, consumed = stream.last_received, stream.last_consumed
+            wanted: str | tuple[str, ...]
             if received is None:
-                wanted: tuple[str, ...] = ()
+                wanted = ()
             elif consumed is None or consumed == received:
-                wanted = (received,)
+                wanted = received  # one id, the common case: no tuple for it
             else:
                 wanted = (consumed, received)
             if wanted == stream.indexed:
                 continue
-            for event_id in stream.indexed:
-                if event_id not in wanted:
+            kept = _ids(wanted)
+            for event_id in _ids(stream.indexed):
+                if event_id not in kept:
                     self._unindex(stream, event_id)
-            for event_id in wanted:
+            for event_id in kept:
                 self._index(stream, event_id)
             stream.indexed = wanted
 
+    # The index is keyed by the event id alone (a tuple with the server cost
+    # 56 bytes per stream); its owners are filtered by server on lookup.
+
     def _index(self, stream: Stream, event_id: str) -> None:
-        key = (stream.server, event_id)
+        key = event_id
         owners = self._cursors.get(key)
         if owners is None:
             self._cursors[key] = stream
@@ -830,7 +941,7 @@ class Tracker:
             owners[stream.key] = stream
 
     def _unindex(self, stream: Stream, event_id: str) -> None:
-        key = (stream.server, event_id)
+        key = event_id
         owners = self._cursors.get(key)
         if owners is stream:
             del self._cursors[key]
@@ -842,7 +953,7 @@ class Tracker:
     def _cursor_owner(
         self, server: str, cursor: str, session_id: str | None, path: str | None = None
     ) -> Stream | None:
-        owners = self._cursors.get((server, cursor))
+        owners = self._cursors.get(cursor)
         if owners is None:
             return None
         candidates = [owners] if isinstance(owners, Stream) else list(owners.values())
@@ -850,7 +961,8 @@ class Tracker:
         candidates = [
             stream
             for stream in candidates
-            if stream.session.session_id is not None or stream.path == path
+            if stream.server == server
+            and (stream.session.session_id is not None or stream.path == path)
         ]
         if not candidates:
             return None
@@ -878,21 +990,21 @@ class Tracker:
                 server, session_id, history_lost=self.evicted_sessions > 0
             )
             if len(self._sessions) > self.max_streams:
-                self._sessions.popitem(last=False)
+                del self._sessions[next(iter(self._sessions))]
                 self.evicted_sessions += 1
         else:
-            self._sessions.move_to_end(key)
+            self._sessions[key] = self._sessions.pop(key)
         return session
 
     def _admit(self, stream: Stream) -> None:
         self._streams[stream.key] = stream
         while len(self._streams) > self.max_streams:
-            _, dropped = self._streams.popitem(last=False)
+            dropped = self._streams.pop(next(iter(self._streams)))
             self.evicted_streams += 1
             dropped.session.history_lost = True
             if dropped.feed is not None:
                 dropped.feed = None
                 self._fed.pop(dropped.key, None)
-            for event_id in dropped.indexed:
+            for event_id in _ids(dropped.indexed):
                 self._unindex(dropped, event_id)
             dropped.indexed = ()
