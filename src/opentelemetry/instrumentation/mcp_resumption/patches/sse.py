@@ -245,53 +245,50 @@ def _fed_iterator(
     def observed() -> Iterator[Any]:
         nonlocal count
         append = ring.append
-        step = events.__next__
         try:
             try:
-                sse = step()
+                sse = next(events)
             except StopIteration:
                 feed.held = False
                 _ended(processor, context, response, "the stream ended", clean=True)
                 return
-            except Exception as error:
-                feed.held = False
-                _ended(processor, context, response, f"a read error ({type(error).__name__})")
-                raise
-            except BaseException:  # cancelled before the first event
-                feed.held = False
-                raise
             count += 1
             _report(processor, context, feed, sse)
             yield sse
-            while True:
-                try:
-                    sse = step()
-                except StopIteration:
-                    # The body ended as HTTP ends one: a read error would raise.
-                    feed.held = False
-                    _ended(processor, context, response, "the stream ended", clean=True)
-                    return
-                except Exception as error:
-                    feed.held = False
-                    reason = f"a read error ({type(error).__name__})"
-                    _ended(processor, context, response, reason)
-                    raise
-                except BaseException:  # cancelled while waiting for the next event
-                    feed.held = False
-                    raise
-                count += 1
-                if scan:
+            # The loops below are the whole per-event cost of a fed stream.
+            if scan:
+                for sse in events:
+                    count += 1
                     data = sse.data
                     if '"result"' in data or '"error"' in data:
                         _report(processor, context, feed, sse)
-                        yield sse
-                        continue
-                append(sse)
-                yield sse
+                    else:
+                        append(sse)
+                    yield sse
+            else:
+                for sse in events:
+                    count += 1
+                    append(sse)
+                    yield sse
         except GeneratorExit:
             feed.held = True
             _ended(processor, context, response, "closed by the application", closed_by_client=True)
             raise
+        except ResumptionGapError:
+            raise  # enforce mode: the application is told, the close reports the end
+        except Exception as error:
+            # A read error (the ``yield`` raises nothing but GeneratorExit
+            # from an application that iterates).
+            feed.held = False
+            _ended(processor, context, response, f"a read error ({type(error).__name__})")
+            raise
+        except BaseException:  # cancelled while waiting for the next event
+            feed.held = False
+            raise
+        else:
+            # The body ended as HTTP ends one: a read error would raise.
+            feed.held = False
+            _ended(processor, context, response, "the stream ended", clean=True)
         finally:
             close = getattr(events, "close", None)
             if close is not None:
@@ -314,53 +311,50 @@ def _afed_iterator(
     async def observed() -> AsyncIterator[Any]:
         nonlocal count
         append = ring.append
-        step = events.__anext__
         try:
             try:
-                sse = await step()
+                sse = await events.__anext__()
             except StopAsyncIteration:
                 feed.held = False
                 _ended(processor, context, response, "the stream ended", clean=True)
                 return
-            except Exception as error:
-                feed.held = False
-                _ended(processor, context, response, f"a read error ({type(error).__name__})")
-                raise
-            except BaseException:  # cancelled before the first event
-                feed.held = False
-                raise
             count += 1
             _report(processor, context, feed, sse)
             yield sse
-            while True:
-                try:
-                    sse = await step()
-                except StopAsyncIteration:
-                    # The body ended as HTTP ends one: a read error would raise.
-                    feed.held = False
-                    _ended(processor, context, response, "the stream ended", clean=True)
-                    return
-                except Exception as error:
-                    feed.held = False
-                    reason = f"a read error ({type(error).__name__})"
-                    _ended(processor, context, response, reason)
-                    raise
-                except BaseException:  # cancelled while waiting for the next event
-                    feed.held = False
-                    raise
-                count += 1
-                if scan:
+            # The loops below are the whole per-event cost of a fed stream.
+            if scan:
+                async for sse in events:
+                    count += 1
                     data = sse.data
                     if '"result"' in data or '"error"' in data:
                         _report(processor, context, feed, sse)
-                        yield sse
-                        continue
-                append(sse)
-                yield sse
+                    else:
+                        append(sse)
+                    yield sse
+            else:
+                async for sse in events:
+                    count += 1
+                    append(sse)
+                    yield sse
         except GeneratorExit:
             feed.held = True
             _ended(processor, context, response, "closed by the application", closed_by_client=True)
             raise
+        except ResumptionGapError:
+            raise  # enforce mode: the application is told, the close reports the end
+        except Exception as error:
+            # A read error (the ``yield`` raises nothing but GeneratorExit
+            # from an application that iterates).
+            feed.held = False
+            _ended(processor, context, response, f"a read error ({type(error).__name__})")
+            raise
+        except BaseException:  # cancelled while waiting for the next event
+            feed.held = False
+            raise
+        else:
+            # The body ended as HTTP ends one: a read error would raise.
+            feed.held = False
+            _ended(processor, context, response, "the stream ended", clean=True)
         finally:
             aclose = getattr(events, "aclose", None)
             if aclose is not None:
