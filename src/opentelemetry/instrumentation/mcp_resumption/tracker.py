@@ -12,9 +12,12 @@ least recently used is dropped and the drop counted), a fixed window of ids
 and a fixed ledger per session.  Every public method but ``event_consumed``
 (a flag) takes one lock, does a few dictionary operations and returns; no
 I/O is done under the lock, so the tracker is safe to call from many threads
-and from asyncio.  Per event it only records the raw id: ids are parsed, and
-the index of cursors is brought up to date, when a stream opens, which is
-when a client can present a cursor.
+and from asyncio.  Most events never reach it one by one: a stream read
+through a *feed* (``attach_feed``; the SSE patch keeps a ring of references
+to its last events) is folded in, under the lock, whenever the tracker reads
+that stream's state, so only the last events are ever looked at.  Ids are
+parsed, and the index of cursors is brought up to date, when a stream opens,
+which is when a client can present a cursor.
 """
 
 from __future__ import annotations
