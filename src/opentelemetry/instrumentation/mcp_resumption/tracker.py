@@ -476,7 +476,7 @@ class Tracker:
         cursor = bounded_id(last_event_id) or None
         claimed = request_session_id if request_session_id is not None else session_id
         with self._lock:
-            self._flush()
+            self._flush(fold=cursor is not None)
             previous = self._cursor_owner(server, cursor, claimed, path) if cursor else None
             if previous is not None and previous.session.session_id is not None:
                 session = previous.session
@@ -560,7 +560,7 @@ class Tracker:
         if cursor is None:
             return None
         with self._lock:
-            self._flush()
+            self._flush(fold=True)
             owner = self._cursor_owner(server, cursor, None)
             return owner.session.session_id if owner is not None else None
 
@@ -573,7 +573,7 @@ class Tracker:
         if cursor is None:
             return False
         with self._lock:
-            self._flush()
+            self._flush(fold=True)
             owner = self._cursor_owner(server, cursor, session_id, path)
             if owner is None:
                 return False
@@ -641,6 +641,11 @@ class Tracker:
         feed = stream.feed
         if feed is None:
             return
+        if not feed.ring and (
+            stream.last_received is None
+            or (stream.last_consumed == stream.last_received and not stream.unconsumed_responses)
+        ):
+            return  # nothing new, and nothing left to take: the common case
         events, holding = feed.drain()
         for event in events:
             if event.retry is not None:
@@ -896,11 +901,14 @@ class Tracker:
             stream.last_consumed = stream.last_received
             stream.consumed_data = stream.last_data
 
-    def _flush(self) -> None:
+    def _flush(self, fold: bool = False) -> None:
         """Bring the cursor index and the LRU order up to date with the
-        streams that received or consumed events since the last flush."""
-        for fed in list(self._fed.values()):
-            self._fold(fed)
+        streams that received or consumed events since the last flush;
+        ``fold``: also with the streams being read through a feed (a cursor
+        is about to be looked up; they are never evicted while read)."""
+        if fold:
+            for fed in list(self._fed.values()):
+                self._fold(fed)
         dirty = self._dirty
         streams = self._streams
         while dirty:
@@ -1000,9 +1008,17 @@ class Tracker:
         return session
 
     def _admit(self, stream: Stream) -> None:
-        self._streams[stream.key] = stream
-        while len(self._streams) > self.max_streams:
-            dropped = self._streams.pop(next(iter(self._streams)))
+        streams = self._streams
+        streams[stream.key] = stream
+        skipped = 0
+        while len(streams) > self.max_streams:
+            key = next(iter(streams))
+            if streams[key].feed is not None and skipped < len(self._fed):
+                # Being read, whatever its place from the last fold says.
+                streams[key] = streams.pop(key)
+                skipped += 1
+                continue
+            dropped = streams.pop(key)
             self.evicted_streams += 1
             dropped.session.history_lost = True
             if dropped.feed is not None:
