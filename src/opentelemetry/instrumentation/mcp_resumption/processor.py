@@ -252,10 +252,10 @@ class _EventTotals:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._totals: dict[tuple[str, str, int | None], int] = {}
-        # Streams whose events are counted by the SSE patch's feed, read here
-        # at collection: a stream that is read pays nothing per event for
-        # its count.
-        # id() -> context, from the feed's start to the stream's end.
+        # Streams whose events are counted by the SSE patch's feed (id() ->
+        # context, from the feed's start to the stream's end), read here at
+        # collection: a stream that is read pays nothing per event for its
+        # count.
         self._fed: dict[int, StreamContext] = {}
         _reset_in_child.add(self)
 
@@ -272,14 +272,15 @@ class _EventTotals:
     def unwatch(self, context: StreamContext) -> None:
         self._fed.pop(id(context), None)
 
-    @staticmethod
-    def fed_events(context: StreamContext) -> int:
-        """Events counted by the stream's feed and not yet in the totals."""
+    def fed_events(self, context: StreamContext) -> int:
+        """Events counted by the stream's feed and not yet in the totals
+        (taken: the caller adds them)."""
         feed = context.feed
         if feed is None:
             return 0
-        total = feed.count()
-        new, feed.counted = total - feed.counted, total
+        with self._lock:  # a collection and the stream's end may race here
+            total = feed.count()
+            new, feed.counted = total - feed.counted, total
         return new
 
     def freeze(self) -> None:

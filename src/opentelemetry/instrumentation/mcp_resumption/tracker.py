@@ -95,28 +95,43 @@ class SeenWindow:
     the bytes of a typical tracked stream.  Unpacked where the tracker folds
     events in and where a resume reads it, both rare next to reading."""
 
-    __slots__ = ("_owner",)
+    __slots__ = ("_digests_of", "_ids_of", "_owner", "_unpacked_digests", "_unpacked_ids")
 
     def __init__(self, owner: Any = None) -> None:
         self._owner = owner if owner is not None else _Packed()
+        # What this view unpacked, and from which packed objects (immutable,
+        # replaced on every change): a view held by a resume's check reads
+        # the window for every event and unpacks it once per change.
+        self._ids_of: object = _NOTHING_YET
+        self._digests_of: object = _NOTHING_YET
+        self._unpacked_ids: list[str] = []
+        self._unpacked_digests = array("q")
 
     def _ids(self) -> list[str]:
         ids = self._owner.seen_ids
-        if ids is None:
-            return []
-        if isinstance(ids, bytes):
-            return ids.decode("utf-8", "surrogatepass").split(_SEPARATOR)
-        return list(ids)
+        if ids is not self._ids_of:
+            if ids is None:
+                unpacked = []
+            elif isinstance(ids, bytes):
+                unpacked = ids.decode("utf-8", "surrogatepass").split(_SEPARATOR)
+            else:
+                unpacked = list(ids)
+            self._ids_of, self._unpacked_ids = ids, unpacked
+        return self._unpacked_ids
 
     def _digests(self) -> array:
-        digests = array("q")
-        digests.frombytes(self._owner.seen_digests)
-        return digests
+        packed = self._owner.seen_digests
+        if packed is not self._digests_of:
+            digests = array("q")
+            digests.frombytes(packed)
+            self._digests_of, self._unpacked_digests = packed, digests
+        return self._unpacked_digests
 
     def _store(self, ids: list[str], digests: array) -> None:
         owner = self._owner
         if not ids:
             owner.seen_ids, owner.seen_digests = None, b""
+            self._ids_of, self._digests_of = _NOTHING_YET, _NOTHING_YET
             return
         packed = _SEPARATOR.join(ids)
         # More separators than ids-1 means an id held one: keep a tuple.  In
@@ -127,6 +142,8 @@ class SeenWindow:
             else tuple(ids)
         )
         owner.seen_digests = digests.tobytes()
+        self._ids_of, self._unpacked_ids = owner.seen_ids, ids
+        self._digests_of, self._unpacked_digests = owner.seen_digests, digests
 
     def __len__(self) -> int:
         return len(self._ids())
@@ -184,6 +201,7 @@ class _Packed:
 
 
 _SEPARATOR = "\x00"
+_NOTHING_YET = object()
 
 
 def _ids(indexed: str | tuple[str, ...]) -> tuple[str, ...]:
@@ -209,6 +227,7 @@ class Session:
         "server",
         "session_id",
         "terminated",
+        "window",
     )
 
     def __init__(self, server: str, session_id: str | None, history_lost: bool = False) -> None:
@@ -220,6 +239,9 @@ class Session:
         # The seen window, packed (see SeenWindow, the view the rules read).
         self.seen_ids: bytes | tuple[str, ...] | None = None
         self.seen_digests = b""
+        # The view a resume of this session holds while it is read (it keeps
+        # the window unpacked); None otherwise, so nothing unpacked is kept.
+        self.window: SeenWindow | None = None
         # request key -> (method, lineage of the stream its response must come
         # on; None where any stream of the session may carry it, as in legacy
         # SSE); None until the first request, as most sessions hold few
@@ -239,7 +261,8 @@ class Session:
 
     @property
     def seen(self) -> SeenWindow:
-        return SeenWindow(self)
+        window = self.window
+        return window if window is not None else SeenWindow(self)
 
     def sent_here(self, request_key: str) -> bool:
         # A ledger that does not know every id sent cannot prove a response foreign.
@@ -543,6 +566,8 @@ class Tracker:
         unconsumed_responses = {
             key: (pending.pop(key, ""), carrier) for key in previous.unconsumed_responses
         }
+        if session.window is None:  # kept unpacked while the resume is read
+            session.window = SeenWindow(session)
         return ResumeCheck(
             cursor,
             self.contract,
@@ -768,6 +793,8 @@ class Tracker:
             self._settle(stream)
             if stream.ended and stream.check is None:
                 return NOTHING
+            if stream.check is not None:
+                stream.session.window = None  # repacked: nothing unpacked is kept
             self._ended(stream)
             stream.server_closed = (
                 clean and not closed_by_client and stream.primed and not stream.session.terminated
