@@ -33,7 +33,10 @@ def _httpx_instrumentors() -> list[Any]:
     found = []
     if importlib.util.find_spec("httpx") is not None:
         found.append(otel_httpx.HTTPXClientInstrumentor())
-    if importlib.util.find_spec("httpx2") is not None:
+    # At the floors (mcp 1.x env) the httpx instrumentation predates httpx2.
+    if importlib.util.find_spec("httpx2") is not None and hasattr(
+        otel_httpx, "HTTPX2ClientInstrumentor"
+    ):
         found.append(otel_httpx.HTTPX2ClientInstrumentor())
     return found
 

@@ -18,6 +18,14 @@ from typing import NamedTuple
 
 ACCEPT = "application/json, text/event-stream"
 _sessions = itertools.count(1)
+# How the server frames a raw stream's events (sse_server.py): "bulk" (chunks
+# of ~16 KiB, the client's SSE parser is the bottleneck) or "event" (one HTTP
+# chunk per event, its HTTP parser is).
+FRAMING = {"framing": "bulk"}
+
+
+def _stream_url(url: str, n: int) -> str:
+    return f"{url}?n={n}" + ("&bulk" if FRAMING["framing"] == "bulk" else "")
 
 
 class Sample(NamedTuple):
@@ -55,6 +63,10 @@ def _body(request_id: int) -> bytes:
     )
 
 
+def _tool_arguments(n: int) -> dict[str, object]:
+    return {"n": n, "bulk": FRAMING["framing"] == "bulk"}
+
+
 def _check(count: int, expected: int, what: str) -> None:
     if count != expected:
         raise RuntimeError(f"{what}: got {count} events, expected {expected}")
@@ -71,7 +83,7 @@ async def httpx_sse_stream(url: str, n: int) -> Sample:
         count = 0
         clock = _Clock()
         async with httpx_sse.aconnect_sse(
-            client, "GET", f"{url}?n={n}", headers=_sse_headers()
+            client, "GET", _stream_url(url, n), headers=_sse_headers()
         ) as source:
             async for _ in source.aiter_sse():
                 count += 1
@@ -87,7 +99,7 @@ async def httpx2_stream(url: str, n: int) -> Sample:
         count = 0
         clock = _Clock()
         headers = {"Accept": "text/event-stream", **_sse_headers()}
-        async with client.stream("GET", f"{url}?n={n}", headers=headers) as response:
+        async with client.stream("GET", _stream_url(url, n), headers=headers) as response:
             async for _ in httpx2.EventSource(response):
                 count += 1
         sample = clock.per(n)
@@ -114,7 +126,7 @@ async def mcp_stream(url: str, n: int) -> Sample:
             Client(transport.streamable_http_client(url, http_client=http), mode="legacy") as mcp,
         ):
             clock = _Clock()
-            await mcp.call_tool("stream", {"n": n}, progress_callback=on_progress)
+            await mcp.call_tool("stream", _tool_arguments(n), progress_callback=on_progress)
             sample = clock.per(n)
     else:
         import httpx
@@ -127,7 +139,7 @@ async def mcp_stream(url: str, n: int) -> Sample:
         ):
             await session.initialize()
             clock = _Clock()
-            await session.call_tool("stream", {"n": n}, progress_callback=on_progress)
+            await session.call_tool("stream", _tool_arguments(n), progress_callback=on_progress)
             sample = clock.per(n)
     _check(count, n, "mcp")
     return sample

@@ -37,7 +37,10 @@ def _result(request_id: int) -> str:
 def _fill(tracker: Tracker, streams: int) -> None:
     """Each stream: its own session (a 32-hex id, as the SDKs mint them), one
     tools/call request, EVENTS_PER_STREAM progress events and the result, all
-    with ids from one server-wide counter; the application consumed all."""
+    with ids from one server-wide counter; the application consumed all, and
+    the stream ended after the result, as the MCP SDKs end a POST stream (a
+    tracked stream is an ended one but for the few being read: while one is
+    read, the tracker also refers to its last event's data)."""
     event_id = 0
     for index in range(streams):
         session = f"{index:032x}"
@@ -49,6 +52,7 @@ def _fill(tracker: Tracker, streams: int) -> None:
             data = _result(index) if k == EVENTS_PER_STREAM else PROGRESS
             tracker.event_received(stream, str(event_id), data)
             tracker.event_consumed(stream)
+        tracker.stream_ended(stream, "the stream ended", clean=True)
 
 
 # At the kept bound: 32 four-byte characters are 128 UTF-8 bytes, and 4 bytes

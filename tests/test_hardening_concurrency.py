@@ -282,7 +282,9 @@ def test_200_asyncio_streams_break_and_resume(raw_server, instrumented, socket_i
     assert not raw_server.errors
     check_counts(telemetry, behaviours, delivered)
     assert socket_io["violations"] == []
-    assert socket_io["io"] > 4 * TASKS and lock.acquired > 10 * TASKS
+    # Not vacuous: at least the open, the answer, a first event and the end of
+    # each of a task's two streams took the lock (events in between need not).
+    assert socket_io["io"] > 4 * TASKS and lock.acquired > 6 * TASKS
     assert len(processor.tracker) == 2 * TASKS
 
 
@@ -359,7 +361,7 @@ def test_16_threads_of_streams_break_and_resume(raw_server, instrumented, socket
     assert not raw_server.errors
     check_counts(telemetry, behaviours, sum(delivered))
     assert socket_io["violations"] == []
-    assert socket_io["io"] > 4 * total and lock.acquired > 10 * total
+    assert socket_io["io"] > 4 * total and lock.acquired > 6 * total
 
 
 def test_the_recording_lock_does_catch_io_under_the_lock(instrumented, socket_io):

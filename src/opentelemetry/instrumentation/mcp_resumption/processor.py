@@ -114,6 +114,8 @@ class StreamContext:
         "error",
         "events_key",
         "facts",
+        "feed",
+        "reader",
         "span",
         "started",
         "status",
@@ -137,6 +139,12 @@ class StreamContext:
         self.counted_at = time.monotonic()
         self.events_key = (transport, facts.host, facts.port)
         self.status = 0  # of a candidate (``stream`` None), for when it is promoted
+        # The SSE patch's record of a stream read without reporting each
+        # event (patches.sse.Feed), and a weak reference to the iterator
+        # that reads it (the close patch asks whether a close comes from
+        # inside a read).
+        self.feed: Any = None
+        self.reader: Callable[[], Any] | None = None
 
 
 @dataclass
@@ -249,6 +257,11 @@ class _EventTotals:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._totals: dict[tuple[str, str, int | None], int] = {}
+        # Streams whose events are counted by the SSE patch's feed (id() ->
+        # context, from the feed's start to the stream's end), read here at
+        # collection: a stream that is read pays nothing per event for its
+        # count.
+        self._fed: dict[int, StreamContext] = {}
         renew_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -258,7 +271,37 @@ class _EventTotals:
         with self._lock:
             self._totals[key] = self._totals.get(key, 0) + events
 
+    def watch(self, context: StreamContext) -> None:
+        self._fed[id(context)] = context  # a dict's item assignment: atomic
+
+    def unwatch(self, context: StreamContext) -> None:
+        self._fed.pop(id(context), None)
+
+    def fed_events(self, context: StreamContext) -> int:
+        """Events counted by the stream's feed and not yet in the totals
+        (taken: the caller adds them)."""
+        feed = context.feed
+        if feed is None:
+            return 0
+        with self._lock:  # a collection and the stream's end may race here
+            total = feed.count()
+            new, feed.counted = total - feed.counted, total
+        return new
+
+    def freeze(self) -> None:
+        """Uninstrumented: what the feeds counted so far goes into the
+        totals, what they count from now on does not."""
+        for context in list(self._fed.values()):
+            self.add(context.events_key, self.fed_events(context))
+            frozen = context.feed.counted
+            context.feed._count = lambda frozen=frozen: frozen
+        self._fed.clear()
+
     def observe(self, options: CallbackOptions) -> list[Observation]:
+        for context in list(self._fed.values()):
+            new = self.fed_events(context)
+            if new:
+                self.add(context.events_key, new)
         with self._lock:
             totals = list(self._totals.items())
         observations = []
@@ -436,6 +479,7 @@ class ContinuityProcessor(SpanProcessor):
 
     def shutdown(self) -> None:
         self.enabled = False
+        self._event_totals.freeze()
         span_hook.detach(self._span_source or trace.get_tracer_provider(), self)
         self._deferred.close()
         self._deadlines.close()
@@ -689,10 +733,33 @@ class ContinuityProcessor(SpanProcessor):
             if context.error is not None:
                 raise context.error
 
+    def feed(self, context: StreamContext, feed: Any) -> None:
+        """The SSE patch records the stream's events in ``feed`` (see
+        ``patches.sse``) and reports only those a rule must see as they come
+        (``feed_event``); the tracker reads the rest when it needs them."""
+        context.feed = feed
+        self.tracker.attach_feed(context.stream, feed)
+        self._event_totals.watch(context)
+
+    def feed_event(self, context: StreamContext, feed: Any, sse: Any) -> None:
+        """One event of a fed stream that a rule must see now; ``event`` for
+        a fed stream."""
+        if context.error is not None:
+            raise context.error
+        if not self.enabled:
+            return
+        step = self.tracker.fed_event(context.stream, feed.normalise, sse)
+        if step is not NOTHING:
+            self._apply(context, step)
+            if context.error is not None:
+                raise context.error
+
     def asked_next(self, context: StreamContext) -> None:
         """The application asked for the next event.  ``event`` implies it for
         the event before; this is for a read that then ends, fails or is
         cancelled without one."""
+        if context.feed is not None:
+            context.feed.held = False  # what the tracker reads of a fed stream
         if context.stream is not None:
             self.tracker.event_consumed(context.stream)
 
@@ -724,6 +791,8 @@ class ContinuityProcessor(SpanProcessor):
         self, context: StreamContext, reason: str, closed_by_client: bool, clean: bool
     ) -> None:
         self._count_events(context)
+        if context.feed is not None:
+            self._event_totals.unwatch(context)
         self._deadlines.cancel(context.deadline)
         held_open = bool(context.started) and (
             time.monotonic() - context.started >= self.settings.confirm_timeout
@@ -805,8 +874,9 @@ class ContinuityProcessor(SpanProcessor):
     # ------------------------------------------------------ telemetry out
 
     def _count_events(self, context: StreamContext) -> None:
-        if context.uncounted:
-            self._event_totals.add(context.events_key, context.uncounted)
+        uncounted = context.uncounted + self._event_totals.fed_events(context)
+        if uncounted:
+            self._event_totals.add(context.events_key, uncounted)
             context.uncounted = 0
         context.counted_at = time.monotonic()
 

@@ -12,9 +12,12 @@ least recently used is dropped and the drop counted), a fixed window of ids
 and a fixed ledger per session.  Every public method but ``event_consumed``
 (a flag) takes one lock, does a few dictionary operations and returns; no
 I/O is done under the lock, so the tracker is safe to call from many threads
-and from asyncio.  Per event it only records the raw id: ids are parsed, and
-the index of cursors is brought up to date, when a stream opens, which is
-when a client can present a cursor.
+and from asyncio.  Most events never reach it one by one: a stream read
+through a *feed* (``attach_feed``; the SSE patch keeps a ring of references
+to its last events) is folded in, under the lock, whenever the tracker reads
+that stream's state, so only the last events are ever looked at.  Ids are
+parsed, and the index of cursors is brought up to date, when a stream opens,
+which is when a client can present a cursor.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ import itertools
 import os
 import threading
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from .continuity import (
     Cursor,
@@ -68,24 +72,145 @@ def bounded_id(event_id: str | None) -> str | None:
     return "sha256:" + hashlib.sha256(encoded).hexdigest()[:32]
 
 
-class SeenWindow(dict):
+class Event(NamedTuple):
+    """One SSE event as the rules see it, built by the SSE patch (which
+    alone knows what the parser meant)."""
+
+    id: str | None  # None: no ``id:`` line of its own
+    data: str  # "" for a marker (a priming event, a heartbeat with an id)
+    type: str
+    retry: int | None  # ms, from a ``retry:`` line
+
+
+class SeenWindow:
     """The last ``SEEN_WINDOW`` event ids of a session, as kept
     (:func:`bounded_id`), each with the digest of its data (None: a marker),
-    oldest first.  The ids themselves, not their hashes: whether a session's
-    id scheme counts is read from them (:func:`corroborated`)."""
+    oldest first: a mapping to the rules, over the session's packed record.
+    The ids themselves, not their hashes: whether a session's id scheme
+    counts is read from them (:func:`corroborated`).
 
-    __slots__ = ()
+    Packed, because it is most of what a session costs: the ids joined into
+    one UTF-8 string (an SSE id never holds a NUL; a tuple if one does), the
+    digests as machine words in bytes.  A dict of ids and ints was over half
+    the bytes of a typical tracked stream.  Unpacked where the tracker folds
+    events in and where a resume reads it, both rare next to reading."""
+
+    __slots__ = ("_digests_of", "_ids_of", "_owner", "_unpacked_digests", "_unpacked_ids")
+
+    def __init__(self, owner: Any = None) -> None:
+        self._owner = owner if owner is not None else _Packed()
+        # What this view unpacked, and from which packed objects (immutable,
+        # replaced on every change): a view held by a resume's check reads
+        # the window for every event and unpacks it once per change.
+        self._ids_of: object = _NOTHING_YET
+        self._digests_of: object = _NOTHING_YET
+        self._unpacked_ids: list[str] = []
+        self._unpacked_digests = array("q")
+
+    def _ids(self) -> list[str]:
+        ids = self._owner.seen_ids
+        if ids is not self._ids_of:
+            if ids is None:
+                unpacked = []
+            elif isinstance(ids, bytes):
+                unpacked = ids.decode("utf-8", "surrogatepass").split(_SEPARATOR)
+            else:
+                unpacked = list(ids)
+            self._ids_of, self._unpacked_ids = ids, unpacked
+        return self._unpacked_ids
+
+    def _digests(self) -> array:
+        packed = self._owner.seen_digests
+        if packed is not self._digests_of:
+            digests = array("q")
+            digests.frombytes(packed)
+            self._digests_of, self._unpacked_digests = packed, digests
+        return self._unpacked_digests
+
+    def _store(self, ids: list[str], digests: array) -> None:
+        owner = self._owner
+        if not ids:
+            owner.seen_ids, owner.seen_digests = None, b""
+            self._ids_of, self._digests_of = _NOTHING_YET, _NOTHING_YET
+            return
+        packed = _SEPARATOR.join(ids)
+        # More separators than ids-1 means an id held one: keep a tuple.  In
+        # UTF-8: a str of wide characters takes 4 bytes per character.
+        owner.seen_ids = (
+            packed.encode("utf-8", "surrogatepass")
+            if packed.count(_SEPARATOR) == len(ids) - 1
+            else tuple(ids)
+        )
+        owner.seen_digests = digests.tobytes()
+        self._ids_of, self._unpacked_ids = owner.seen_ids, ids
+        self._digests_of, self._unpacked_digests = owner.seen_digests, digests
+
+    def __len__(self) -> int:
+        return len(self._ids())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ids())
+
+    def __contains__(self, event_id: object) -> bool:
+        return event_id in self._ids()
+
+    def __getitem__(self, event_id: str) -> int | None:
+        digest = self._digests()[self._ids().index(event_id)]  # ValueError: not a key
+        return None if digest == _MARKER else digest
+
+    def get(self, event_id: str, default: int | None = None) -> int | None:
+        try:
+            return self[event_id]
+        except ValueError:
+            return default
+
+    def items(self) -> Iterator[tuple[str, int | None]]:
+        for event_id, digest in zip(self._ids(), self._digests()):
+            yield event_id, None if digest == _MARKER else digest
 
     def remember(self, event_id: str, digest: int | None) -> None:
-        if event_id in self:
-            del self[event_id]  # to the newest end
-        self[event_id] = digest
-        if len(self) > SEEN_WINDOW:
-            del self[next(iter(self))]
+        self.remember_all(((event_id, digest),))
+
+    def remember_all(self, entries: Iterable[tuple[str, int | None]]) -> None:
+        """Each entry to the newest end, in order: unpacked once for all."""
+        ids, digests = self._ids(), self._digests()
+        for event_id, digest in entries:
+            if event_id in ids:
+                index = ids.index(event_id)  # to the newest end
+                del ids[index]
+                del digests[index]
+            ids.append(event_id)
+            digests.append(_MARKER if digest is None else digest)
+        if len(ids) > SEEN_WINDOW:
+            del ids[: len(ids) - SEEN_WINDOW]
+            del digests[: len(digests) - SEEN_WINDOW]
+        self._store(ids, digests)
 
     def merge(self, other: SeenWindow) -> None:
-        for event_id, digest in other.items():
-            self.remember(event_id, digest)
+        self.remember_all(list(other.items()))
+
+
+class _Packed:
+    """A window's record when no session holds it."""
+
+    __slots__ = ("seen_digests", "seen_ids")
+
+    def __init__(self) -> None:
+        self.seen_ids: bytes | tuple[str, ...] | None = None
+        self.seen_digests = b""
+
+
+_SEPARATOR = "\x00"
+_NOTHING_YET = object()
+
+
+def _ids(indexed: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (indexed,) if isinstance(indexed, str) else indexed
+
+
+# hash() never returns -1 (CPython reserves it for errors), so it can stand
+# for "no digest" (a marker) in the packed window.
+_MARKER = -1
 
 
 class Session:
@@ -96,11 +221,13 @@ class Session:
         "holders",
         "ledger_unknown",
         "pending",
-        "seen",
+        "seen_digests",
+        "seen_ids",
         "sent",
         "server",
         "session_id",
         "terminated",
+        "window",
     )
 
     def __init__(self, server: str, session_id: str | None, history_lost: bool = False) -> None:
@@ -109,7 +236,12 @@ class Session:
         # The client ended the session (HTTP DELETE): the server closing its
         # streams then is the client's doing, not a poll.
         self.terminated = False
-        self.seen = SeenWindow()
+        # The seen window, packed (see SeenWindow, the view the rules read).
+        self.seen_ids: bytes | tuple[str, ...] | None = None
+        self.seen_digests = b""
+        # The view a resume of this session holds while it is read (it keeps
+        # the window unpacked); None otherwise, so nothing unpacked is kept.
+        self.window: SeenWindow | None = None
         # request key -> (method, lineage of the stream its response must come
         # on; None where any stream of the session may carry it, as in legacy
         # SSE); None until the first request, as most sessions hold few
@@ -117,15 +249,20 @@ class Session:
         # request key -> key of the resumed stream that ended holding it: its
         # lineage's deadline may orphan it only while no later stream took it
         self.holders: dict[str, int] | None = None
-        # request keys sent, oldest first; a list because it is appended to
-        # per request and searched only at a resume
-        self.sent: list[str] | None = None
+        # request keys sent, oldest first; a tuple (smaller than a list of
+        # one, the common case), searched only at a resume
+        self.sent: tuple[str, ...] | None = None
         # Requests were sent that the ledger does not know: it forgot the
         # oldest, or a body was not read (too large, streamed, not JSON).
         self.ledger_unknown = False
         # A stream of this session was dropped (or the session is a new record
         # for a key whose older one may have been): its cursors can be gone.
         self.history_lost = history_lost
+
+    @property
+    def seen(self) -> SeenWindow:
+        window = self.window
+        return window if window is not None else SeenWindow(self)
 
     def sent_here(self, request_key: str) -> bool:
         # A ledger that does not know every id sent cannot prove a response foreign.
@@ -172,6 +309,7 @@ class Stream:
         "continued",
         "dirty",
         "ended",
+        "feed",
         "indexed",
         "key",
         "last_consumed",
@@ -226,7 +364,11 @@ class Stream:
         # Waiting in Tracker._dirty to have its cursors indexed; the ids it
         # is indexed under now.
         self.dirty = False
-        self.indexed: tuple[str, ...] = ()
+        self.indexed: str | tuple[str, ...] = ()
+        # The SSE patch's record of the events it did not report one by one
+        # (``patches.sse.Feed``), while the stream is read; folded in under
+        # the lock before anything reads the stream's state.
+        self.feed: Any = None
 
 
 @dataclass(frozen=True)
@@ -280,15 +422,21 @@ class Tracker:
         self.evicted_sessions = 0
         self._lock = threading.Lock()
         self._keys = itertools.count(1)
-        self._streams: OrderedDict[int, Stream] = OrderedDict()
-        self._sessions: OrderedDict[tuple[str, str | None, str | None], Session] = OrderedDict()
-        # (server, event id) -> the stream, or {key: stream} for several, whose
+        # Plain dicts in LRU order, oldest first (an OrderedDict costs ~60
+        # bytes more per entry): a use moves an entry to the end by deleting
+        # and re-inserting it.  Dropping the oldest skips the holes deleted
+        # entries leave at the front, fewer than a resize of the dict leaves.
+        self._streams: dict[int, Stream] = {}
+        self._sessions: dict[tuple[str, str | None, str | None], Session] = {}
+        # event id -> the stream (of any server), or {key: stream} for several, whose
         # last received or consumed event it is, most recent last: the cursors
         # a client may present on reconnect.  Several when sessions count their
         # ids separately.  Brought up to date only where it is read (a new
         # stream, an eviction): per event, a stream is just marked dirty.
-        self._cursors: dict[tuple[str, str], Stream | dict[int, Stream]] = {}
+        self._cursors: dict[str, Stream | dict[int, Stream]] = {}
         self._dirty: list[Stream] = []
+        # Streams being read through a feed: folded in before a cursor lookup.
+        self._fed: dict[int, Stream] = {}
         _trackers.add(self)
 
     # ------------------------------------------------------------ queries
@@ -322,12 +470,11 @@ class Tracker:
                     session.pending = {}
                 if len(session.pending) < MAX_REQUESTS:
                     session.pending[key] = (method, None)
-                if session.sent is None:
-                    session.sent = []
-                session.sent.append(key)
-                if len(session.sent) > SENT_WINDOW:
-                    del session.sent[0]
+                sent = (*(session.sent or ()), key)
+                if len(sent) > SENT_WINDOW:
+                    sent = sent[1:]
                     session.ledger_unknown = True
+                session.sent = sent
 
     # ----------------------------------------------------------- streams
 
@@ -352,7 +499,7 @@ class Tracker:
         cursor = bounded_id(last_event_id) or None
         claimed = request_session_id if request_session_id is not None else session_id
         with self._lock:
-            self._flush()
+            self._flush(fold=cursor is not None)
             previous = self._cursor_owner(server, cursor, claimed, path) if cursor else None
             if previous is not None and previous.session.session_id is not None:
                 session = previous.session
@@ -419,6 +566,8 @@ class Tracker:
         unconsumed_responses = {
             key: (pending.pop(key, ""), carrier) for key in previous.unconsumed_responses
         }
+        if session.window is None:  # kept unpacked while the resume is read
+            session.window = SeenWindow(session)
         return ResumeCheck(
             cursor,
             self.contract,
@@ -436,7 +585,7 @@ class Tracker:
         if cursor is None:
             return None
         with self._lock:
-            self._flush()
+            self._flush(fold=True)
             owner = self._cursor_owner(server, cursor, None)
             return owner.session.session_id if owner is not None else None
 
@@ -449,7 +598,7 @@ class Tracker:
         if cursor is None:
             return False
         with self._lock:
-            self._flush()
+            self._flush(fold=True)
             owner = self._cursor_owner(server, cursor, session_id, path)
             if owner is None:
                 return False
@@ -461,6 +610,7 @@ class Tracker:
     def bind_session(self, stream: Stream, session_id: str) -> None:
         """The legacy transport names its session in the ``endpoint`` event."""
         with self._lock:
+            self._fold(stream)
             if stream.session.session_id == session_id:
                 return
             old = stream.session
@@ -474,12 +624,62 @@ class Tracker:
     def response(self, stream: Stream, status: int, session_id: str | None) -> Step:
         """The reconnect was answered (for a resume) with ``status``."""
         with self._lock:
+            self._fold(stream)
             if stream.check is None:
                 return NOTHING
             check = stream.check
             return self._run(check, lambda: check.on_response(status, session_id))
 
     def event_received(
+        self, stream: Stream, event_id: str | None, data: str, digest: int | None = None
+    ) -> Step:
+        """An event is handed to the application, which has thereby taken the
+        one before it (it asked for this one) but not yet this one.  An empty
+        ``event_id``: the event has no id of its own; empty ``data``: a marker."""
+        with self._lock:
+            self._fold(stream)
+            return self._received(stream, event_id, data, digest)
+
+    def attach_feed(self, stream: Stream, feed: Any) -> None:
+        """``stream`` is read through ``feed``: ``feed.drain()`` gives the
+        events recorded since it was last called (``Event`` records, oldest
+        first) and whether the application holds the last one."""
+        with self._lock:
+            stream.feed = feed
+            self._fed[stream.key] = stream
+
+    def fed_event(self, stream: Stream, normalise: Callable[[Any], Event], raw: Any) -> Step:
+        """An event of a fed stream that a rule must see as it comes: the
+        feed's earlier events are folded in first, then this one
+        (``normalise`` builds its record, in order)."""
+        with self._lock:
+            self._fold(stream)
+            event = normalise(raw)
+            if event.retry is not None:
+                self._retry(stream, event.retry)
+            return self._received(stream, event.id, event.data)
+
+    def _fold(self, stream: Stream) -> None:
+        """Bring a fed stream's state up to date with its feed: the events it
+        recorded, as if each had been reported, and whether the application
+        took the last one."""
+        feed = stream.feed
+        if feed is None:
+            return
+        if not feed.ring and (
+            stream.last_received is None
+            or (stream.last_consumed == stream.last_received and not stream.unconsumed_responses)
+        ):
+            return  # nothing new, and nothing left to take: the common case
+        events, holding = feed.drain()
+        for event in events:
+            if event.retry is not None:
+                self._retry(stream, event.retry)
+            self._received(stream, event.id, event.data)
+        if not holding and stream.last_received is not None:
+            self._take(stream)
+
+    def _received(
         self, stream: Stream, event_id: str | None, data: str, digest: int | None = None
     ) -> Step:
         """An event is handed to the application, which has thereby taken the
@@ -499,48 +699,50 @@ class Tracker:
         if unreadable:
             responses = ()
         priming = not data
-        with self._lock:
-            self._take(stream)  # asking for this event took the one before
-            step = NOTHING
-            check = stream.check
-            session = stream.session
-            if check is not None and event_id is not None and data:
-                previous = session.seen.get(event_id)
-                if previous is not None and previous != digest:
-                    # The one case that reads the data: on a resumed stream,
-                    # an id seen before with other bytes, which would be
-                    # reported as a reuse.
-                    if not is_message(data):
-                        data = ""  # a keep-alive repeating the id: a marker
-                    elif self._same_meaning(check, event_id, data):
-                        digest = previous
-            if unreadable:
-                session.forget_pending(stream.lineage)
-            if check is not None and check.event_matters(
-                event_id, digest, bool(responses) or unreadable
-            ):
-                event = ObservedEvent(
-                    self._parse(event_id), digest, not data, responses, unreadable
-                )
-                step = self._run(check, lambda: check.on_event(event))
-            if event_id is not None:
-                if data:
-                    session.seen.remember(event_id, digest)
-                else:
-                    # A marker carries no content to compare, but its id shows
-                    # whether the scheme counts; a priming event: the server
-                    # may close the stream to poll.
-                    if priming:
-                        stream.primed = True
-                    if event_id not in session.seen:
-                        session.seen.remember(event_id, None)
-                stream.last_received = event_id
+        self._take(stream)  # asking for this event took the one before
+        step = NOTHING
+        check = stream.check
+        session = stream.session
+        if check is not None and event_id is not None and data:
+            previous = session.seen.get(event_id)
+            if previous is not None and previous != digest:
+                # The one case that reads the data: on a resumed stream,
+                # an id seen before with other bytes, which would be
+                # reported as a reuse.
+                if not is_message(data):
+                    data = ""  # a keep-alive repeating the id: a marker
+                elif self._same_meaning(check, event_id, data):
+                    digest = previous
+        if unreadable:
+            session.forget_pending(stream.lineage)
+        if check is not None and check.event_matters(
+            event_id, digest, bool(responses) or unreadable
+        ):
+            event = ObservedEvent(
+                self._parse(event_id), digest, not data, responses, unreadable
+            )
+            step = self._run(check, lambda: check.on_event(event))
+        if event_id is not None:
+            if data:
+                session.seen.remember(event_id, digest)
+            else:
+                # A marker carries no content to compare, but its id shows
+                # whether the scheme counts; a priming event: the server
+                # may close the stream to poll.
+                if priming:
+                    stream.primed = True
+                if event_id not in session.seen:
+                    session.seen.remember(event_id, None)
+            stream.last_received = event_id
+            if self.contract is ReplayContract.INCLUSIVE:
+                # Only an inclusive server sends the cursor event again (see
+                # _ended); else this would keep the app's data alive.
                 stream.last_data = data
-            stream.unconsumed_responses = responses
-            if not stream.dirty:
-                stream.dirty = True
-                self._dirty.append(stream)
-            return step
+        stream.unconsumed_responses = responses
+        if not stream.dirty:
+            stream.dirty = True
+            self._dirty.append(stream)
+        return step
 
     def event_consumed(self, stream: Stream) -> None:
         """The application asked for the next event: it took the last one.
@@ -561,8 +763,13 @@ class Tracker:
 
     def retry_seen(self, stream: Stream, retry_ms: int) -> None:
         """The stream carried ``retry:``: the server polls (and how often)."""
-        stream.primed = True
-        stream.retry_ms = retry_ms
+        self._retry(stream, retry_ms)
+
+    @staticmethod
+    def _retry(stream: Stream, retry_ms: int) -> None:
+        if isinstance(retry_ms, int) and retry_ms >= 0:
+            stream.primed = True
+            stream.retry_ms = retry_ms
 
     def stream_ended(
         self,
@@ -579,9 +786,15 @@ class Tracker:
         ``held_open``: it was open at least the confirmation window, so an
         empty poll closed then is the server's "nothing new yet"."""
         with self._lock:
+            self._fold(stream)
+            if stream.feed is not None:
+                stream.feed = None
+                self._fed.pop(stream.key, None)
             self._settle(stream)
             if stream.ended and stream.check is None:
                 return NOTHING
+            if stream.check is not None:
+                stream.session.window = None  # repacked: nothing unpacked is kept
             self._ended(stream)
             stream.server_closed = (
                 clean and not closed_by_client and stream.primed and not stream.session.terminated
@@ -715,9 +928,14 @@ class Tracker:
             stream.last_consumed = stream.last_received
             stream.consumed_data = stream.last_data
 
-    def _flush(self) -> None:
+    def _flush(self, fold: bool = False) -> None:
         """Bring the cursor index and the LRU order up to date with the
-        streams that received or consumed events since the last flush."""
+        streams that received or consumed events since the last flush;
+        ``fold``: also with the streams being read through a feed (a cursor
+        is about to be looked up; they are never evicted while read)."""
+        if fold:
+            for fed in list(self._fed.values()):
+                self._fold(fed)
         dirty = self._dirty
         streams = self._streams
         while dirty:
@@ -726,25 +944,30 @@ class Tracker:
             self._settle(stream)
             if streams.get(stream.key) is not stream:
                 continue  # evicted: its cursors are gone with it
-            streams.move_to_end(stream.key)
+            streams[stream.key] = streams.pop(stream.key)  # to the newest end
             received, consumed = stream.last_received, stream.last_consumed
+            wanted: str | tuple[str, ...]
             if received is None:
-                wanted: tuple[str, ...] = ()
+                wanted = ()
             elif consumed is None or consumed == received:
-                wanted = (received,)
+                wanted = received  # one id, the common case: no tuple for it
             else:
                 wanted = (consumed, received)
             if wanted == stream.indexed:
                 continue
-            for event_id in stream.indexed:
-                if event_id not in wanted:
+            kept = _ids(wanted)
+            for event_id in _ids(stream.indexed):
+                if event_id not in kept:
                     self._unindex(stream, event_id)
-            for event_id in wanted:
+            for event_id in kept:
                 self._index(stream, event_id)
             stream.indexed = wanted
 
+    # The index is keyed by the event id alone (a tuple with the server cost
+    # 56 bytes per stream); its owners are filtered by server on lookup.
+
     def _index(self, stream: Stream, event_id: str) -> None:
-        key = (stream.server, event_id)
+        key = event_id
         owners = self._cursors.get(key)
         if owners is None:
             self._cursors[key] = stream
@@ -756,7 +979,7 @@ class Tracker:
             owners[stream.key] = stream
 
     def _unindex(self, stream: Stream, event_id: str) -> None:
-        key = (stream.server, event_id)
+        key = event_id
         owners = self._cursors.get(key)
         if owners is stream:
             del self._cursors[key]
@@ -768,7 +991,7 @@ class Tracker:
     def _cursor_owner(
         self, server: str, cursor: str, session_id: str | None, path: str | None = None
     ) -> Stream | None:
-        owners = self._cursors.get((server, cursor))
+        owners = self._cursors.get(cursor)
         if owners is None:
             return None
         candidates = [owners] if isinstance(owners, Stream) else list(owners.values())
@@ -776,7 +999,8 @@ class Tracker:
         candidates = [
             stream
             for stream in candidates
-            if stream.session.session_id is not None or stream.path == path
+            if stream.server == server
+            and (stream.session.session_id is not None or stream.path == path)
         ]
         if not candidates:
             return None
@@ -804,18 +1028,29 @@ class Tracker:
                 server, session_id, history_lost=self.evicted_sessions > 0
             )
             if len(self._sessions) > self.max_streams:
-                self._sessions.popitem(last=False)
+                del self._sessions[next(iter(self._sessions))]
                 self.evicted_sessions += 1
         else:
-            self._sessions.move_to_end(key)
+            self._sessions[key] = self._sessions.pop(key)
         return session
 
     def _admit(self, stream: Stream) -> None:
-        self._streams[stream.key] = stream
-        while len(self._streams) > self.max_streams:
-            _, dropped = self._streams.popitem(last=False)
+        streams = self._streams
+        streams[stream.key] = stream
+        skipped = 0
+        while len(streams) > self.max_streams:
+            key = next(iter(streams))
+            if streams[key].feed is not None and skipped < len(self._fed):
+                # Being read, whatever its place from the last fold says.
+                streams[key] = streams.pop(key)
+                skipped += 1
+                continue
+            dropped = streams.pop(key)
             self.evicted_streams += 1
             dropped.session.history_lost = True
-            for event_id in dropped.indexed:
+            if dropped.feed is not None:
+                dropped.feed = None
+                self._fed.pop(dropped.key, None)
+            for event_id in _ids(dropped.indexed):
                 self._unindex(dropped, event_id)
             dropped.indexed = ()

@@ -10,7 +10,6 @@ the resume's ``mcp.resume`` span is that span's parent.
 
 from __future__ import annotations
 
-import contextvars
 import sys
 import weakref
 from contextlib import nullcontext
@@ -33,13 +32,6 @@ from . import active, guarded
 
 # response -> the stream context its EventSource reads through
 streams: weakref.WeakKeyDictionary[Any, StreamContext] = weakref.WeakKeyDictionary()
-# id() of the response an observed SSE iterator of this thread or task is
-# reading right now: httpx closes a response itself when its body ends, inside
-# that read, and the events the SSE parser flushes at the end come after that
-# close.  A close from another task or thread is still the application's.
-reading: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "mcp_resumption_reading", default=None
-)
 
 # The next request of a redirect the client follows itself (one ``send`` per
 # hop, as the MCP SDKs do) -> the JSON-RPC requests of the request it
@@ -226,21 +218,42 @@ def _closed(response: Any, orderly: bool) -> None:
         active.processor.ended(context, "closed by the application", closed_by_client=True)
 
 
+def _inside_read(context: StreamContext) -> bool:
+    """This close is made from inside a read of the stream's observed SSE
+    iterator: its frame is on this thread's stack.  httpx closes a response
+    itself when its body ends, inside that read, and the events the SSE
+    parser flushes at the end come after that close; the iterator reports
+    that end itself.  A close from another task or thread is still the
+    application's.  Looked up at the close, so a read costs nothing."""
+    reader = context.reader() if context.reader is not None else None
+    frame = getattr(reader, "ag_frame", None) or getattr(reader, "gi_frame", None)
+    if frame is None:
+        return False
+    caller = sys._getframe(1)
+    while caller is not None:
+        if caller is frame:
+            return True
+        caller = caller.f_back
+    return False
+
+
+def _close_seen(instance: Any) -> None:
+    context = streams.get(instance)
+    if context is not None and not _inside_read(context):
+        _closed(instance, sys.exc_info()[1] is None)
+
+
 def _close(wrapped, instance, args, kwargs):
     # A client that reads the headers and walks away never iterates the
     # events: the close is the only sign (the fail-closed re-initialise path).
-    # A close from inside an observed read is httpx ending the body, not the
-    # application: the iterator reports that end itself.
-    if instance in streams and reading.get() != id(instance):
-        orderly = sys.exc_info()[1] is None
-        guarded("observing a closed response", _closed, instance, orderly)
+    if instance in streams:
+        guarded("observing a closed response", _close_seen, instance)
     return wrapped(*args, **kwargs)
 
 
 async def _aclose(wrapped, instance, args, kwargs):
-    if instance in streams and reading.get() != id(instance):
-        orderly = sys.exc_info()[1] is None
-        guarded("observing a closed response", _closed, instance, orderly)
+    if instance in streams:
+        guarded("observing a closed response", _close_seen, instance)
     return await wrapped(*args, **kwargs)
 
 

@@ -3,20 +3,132 @@
 """SSE event iteration: httpx-sse (``EventSource.iter_sse`` / ``aiter_sse``)
 and httpx2's own ``EventSource`` (``__iter__`` / ``__aiter__``).
 
-An event counts as *received* when the iterator hands it to the application
-and as *consumed* only when the application asks for the next one; an
-iterator closed in between leaves it received but unconsumed, which is the
+Received and consumed, the contract every rule relies on (stated here
+only): an event is *received* when the iterator hands it to the
+application, and *consumed* once the application asks for the next one,
+closes the response in an orderly way after it, or the body ends (or fails,
+or the read is cancelled) while it waits for the next.  An iterator closed
+in between, or a response closed while an exception from the event's
+handler is on its way out, leaves it received but unconsumed: the
 precondition of the drain race.
+
+This module also owns what an event *is* for the rules (``normalised``):
+its id, or None when it has no ``id:`` line of its own (the parsers carry
+the last id over to such events); its data, ``""`` for a marker; its type;
+its ``retry:``.  Nothing below reinterprets it.
+
+The cost per event is the floor of observing an iterator: a generator
+around the parser's, which appends a reference to each event to a ring of
+the last ``RING`` events and counts it (a ``Feed``).  The tracker reads the
+ring when it needs the stream's state (a resume looks up a cursor, the
+stream ends, telemetry is collected): only the last events can matter then,
+the ids the seen window keeps and the last received and consumed ones.
+Events that a rule must see as they come are reported one by one instead:
+a stream's first event (a priming event or a ``retry:``), every event of a
+resumed stream or of the legacy transport, and on a stream that carries
+requests each event that may hold a response (the ledger must know every
+answer).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from ..continuity import ResumptionGapError
+from ..tracker import SEEN_WINDOW, SSE, Event
 from . import active, enforced, fault, guarded
-from .http import reading, streams
+from .http import streams
+
+# The ring holds one more than the seen window: its oldest event, once the
+# ring may have overflowed, only tells the id the next one carries over.
+RING = SEEN_WINDOW + 1
+
+
+def normalised(sse: Any, previous_raw_id: str | None) -> Event:
+    """The event record of one parsed SSE event; ``previous_raw_id`` is the
+    ``id`` the parser gave the event before it."""
+    raw = sse.id
+    return Event(
+        None if not raw or raw == previous_raw_id else raw,
+        sse.data,
+        sse.event,
+        getattr(sse, "retry", None),
+    )
+
+
+class Feed:
+    """What the iterator of one stream records for the tracker: a ring of
+    references to the last events it handed out (no copies, nothing
+    parsed), their count, and whether the application still holds the last
+    one.  Read under the tracker's lock, from any thread; the iterator's
+    appends are atomic."""
+
+    __slots__ = ("_count", "_reader", "counted", "held", "last_raw_id", "ring")
+
+    def __init__(self, ring: deque, count: Callable[[], int]) -> None:
+        self.ring = ring
+        self._count = count
+        self._reader: Callable[[], Any] = lambda: None
+        # Events already added to the event totals.
+        self.counted = 0
+        # Set by the iterator once it knows (it ended, or was cancelled): the
+        # application holds the last event (True) or took it (False).
+        self.held: bool | None = None
+        self.last_raw_id: str | None = None
+
+    def read_by(self, iterator: Any) -> None:
+        self._reader = weakref.ref(iterator)
+
+    def count(self) -> int:
+        return self._count()
+
+    def holding(self) -> bool:
+        """The application was handed the last event and has not asked for
+        the next: the iterator is suspended where it handed it out."""
+        if self.held is not None:
+            return self.held
+        iterator = self._reader()
+        if iterator is None:
+            # Dropped while it held an event (every other way out of the
+            # iterator says so in ``held``); its finalizer, that closes it
+            # there, may still be to come.
+            return True
+        running = getattr(iterator, "ag_running", None)
+        if running is None:
+            running = iterator.gi_running
+        # A generator runs from the moment it is asked for the next event
+        # until it hands one out: while it waits for the socket too.
+        return not running and _frame_of(iterator) is not None
+
+    def normalise(self, sse: Any) -> Event:
+        """The record of the next event, in order (updates the carried id)."""
+        event = normalised(sse, self.last_raw_id)
+        self.last_raw_id = sse.id
+        return event
+
+    def drain(self) -> tuple[list[Event], bool]:
+        """The events recorded since the last drain, oldest first, and
+        whether the application holds the last one."""
+        ring = self.ring
+        raws = []
+        try:
+            while True:
+                raws.append(ring.popleft())  # atomic: appends may go on meanwhile
+        except IndexError:
+            pass
+        holding = self.holding()
+        if len(raws) == RING:
+            # Maybe overflowed: the oldest only says what id it carried.
+            self.last_raw_id = raws.pop(0).id
+        return [self.normalise(sse) for sse in raws], holding
+
+
+def _frame_of(iterator: Any) -> Any:
+    frame = getattr(iterator, "ag_frame", None)
+    return frame if frame is not None else getattr(iterator, "gi_frame", None)
 
 
 def _response_of(event_source: Any) -> Any:
@@ -60,32 +172,205 @@ def _ended(
 def _observe(event: Any, context: Any, sse: Any, previous: str | None) -> str | None:
     """Reports one event (``event`` is the processor's); returns its id as the
     parser carries it.  ``guarded()`` written out: this runs for every event."""
-    # SSE parsers carry the last id over to events that have no `id:` line;
-    # such an event claims no id of its own.
-    event_id = sse.id or None
+    record = normalised(sse, previous)
     try:
-        retry = getattr(sse, "retry", None)
-        if retry is not None:  # rare: a polling server says how often
-            active.processor.retry_seen(context, retry)
-        event(context, sse.event, None if event_id == previous else event_id, sse.data)
+        if record.retry is not None:  # rare: a polling server says how often
+            active.processor.retry_seen(context, record.retry)
+        event(context, record.type, record.id, record.data)
     except ResumptionGapError as error:
         enforced(error)
         raise
     except Exception:  # the host's read goes on whatever we got wrong
         fault("observing an event")
-    return event_id
+    return sse.id
+
+
+def _report(processor: Any, context: Any, feed: Feed, sse: Any) -> None:
+    """One event of a fed stream reported as it comes (after the ring)."""
+    try:
+        processor.feed_event(context, feed, sse)
+    except ResumptionGapError as error:
+        enforced(error)
+        raise
+    except Exception:  # the host's read goes on whatever we got wrong
+        fault("observing an event")
+
+
+def _fed(context: Any, processor: Any) -> bool | None:
+    """Whether to feed this stream, and to look at each event's data for a
+    response (True) or not (False); None when every event must be reported
+    as it comes."""
+    stream = context.stream
+    if stream is None or stream.check is not None or stream.transport == SSE:
+        return None
+    if context.error is not None or not processor.enabled:
+        return None
+    return bool(stream.carries)
 
 
 def _observed(
     events: Iterator[Any], context: Any, processor: Any, response: Any = None
 ) -> Iterator[Any]:
+    scan = guarded("choosing how to observe a stream", _fed, context, processor)
+    if scan is None:
+        iterator = _each(events, context, processor, response)
+        context.reader = weakref.ref(iterator)
+        return iterator
+    return _fed_iterator(events, context, processor, response, scan)
+
+
+def _aobserved(
+    events: AsyncIterator[Any], context: Any, processor: Any, response: Any = None
+) -> AsyncIterator[Any]:
+    scan = guarded("choosing how to observe a stream", _fed, context, processor)
+    if scan is None:
+        iterator = _aeach(events, context, processor, response)
+        context.reader = weakref.ref(iterator)
+        return iterator
+    return _afed_iterator(events, context, processor, response, scan)
+
+
+def _fed_iterator(
+    events: Iterator[Any], context: Any, processor: Any, response: Any, scan: bool
+) -> Iterator[Any]:
+    count = 0
+    ring: deque = deque(maxlen=RING)
+    feed = Feed(ring, lambda: count)
+
+    def observed() -> Iterator[Any]:
+        nonlocal count
+        append = ring.append
+        try:
+            try:
+                sse = next(events)
+            except StopIteration:
+                feed.held = False
+                _ended(processor, context, response, "the stream ended", clean=True)
+                return
+            count += 1
+            _report(processor, context, feed, sse)
+            yield sse
+            # The loops below are the whole per-event cost of a fed stream.
+            if scan:
+                for sse in events:
+                    count += 1
+                    data = sse.data
+                    if '"result"' in data or '"error"' in data:
+                        _report(processor, context, feed, sse)
+                    else:
+                        append(sse)
+                    yield sse
+            else:
+                for sse in events:
+                    count += 1
+                    append(sse)
+                    yield sse
+        except GeneratorExit:
+            feed.held = True
+            _ended(processor, context, response, "closed by the application", closed_by_client=True)
+            raise
+        except ResumptionGapError:
+            raise  # enforce mode: the application is told, the close reports the end
+        except Exception as error:
+            # A read error (the ``yield`` raises nothing but GeneratorExit
+            # from an application that iterates).
+            feed.held = False
+            _ended(processor, context, response, f"a read error ({type(error).__name__})")
+            raise
+        except BaseException:  # cancelled while waiting for the next event
+            feed.held = False
+            raise
+        else:
+            # The body ended as HTTP ends one: a read error would raise.
+            feed.held = False
+            _ended(processor, context, response, "the stream ended", clean=True)
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+
+    iterator = observed()
+    feed.read_by(iterator)
+    context.reader = feed._reader
+    guarded("observing a stream", processor.feed, context, feed)
+    return iterator
+
+
+def _afed_iterator(
+    events: AsyncIterator[Any], context: Any, processor: Any, response: Any, scan: bool
+) -> AsyncIterator[Any]:
+    count = 0
+    ring: deque = deque(maxlen=RING)
+    feed = Feed(ring, lambda: count)
+
+    async def observed() -> AsyncIterator[Any]:
+        nonlocal count
+        append = ring.append
+        try:
+            try:
+                sse = await events.__anext__()
+            except StopAsyncIteration:
+                feed.held = False
+                _ended(processor, context, response, "the stream ended", clean=True)
+                return
+            count += 1
+            _report(processor, context, feed, sse)
+            yield sse
+            # The loops below are the whole per-event cost of a fed stream.
+            if scan:
+                async for sse in events:
+                    count += 1
+                    data = sse.data
+                    if '"result"' in data or '"error"' in data:
+                        _report(processor, context, feed, sse)
+                    else:
+                        append(sse)
+                    yield sse
+            else:
+                async for sse in events:
+                    count += 1
+                    append(sse)
+                    yield sse
+        except GeneratorExit:
+            feed.held = True
+            _ended(processor, context, response, "closed by the application", closed_by_client=True)
+            raise
+        except ResumptionGapError:
+            raise  # enforce mode: the application is told, the close reports the end
+        except Exception as error:
+            # A read error (the ``yield`` raises nothing but GeneratorExit
+            # from an application that iterates).
+            feed.held = False
+            _ended(processor, context, response, f"a read error ({type(error).__name__})")
+            raise
+        except BaseException:  # cancelled while waiting for the next event
+            feed.held = False
+            raise
+        else:
+            # The body ended as HTTP ends one: a read error would raise.
+            feed.held = False
+            _ended(processor, context, response, "the stream ended", clean=True)
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    iterator = observed()
+    feed.read_by(iterator)
+    context.reader = feed._reader
+    guarded("observing a stream", processor.feed, context, feed)
+    return iterator
+
+
+def _each(
+    events: Iterator[Any], context: Any, processor: Any, response: Any = None
+) -> Iterator[Any]:
+    """Every event reported as it comes (a resume, the legacy transport)."""
     previous: str | None = None
     delivered = False
     event = processor.event  # bound once: it runs for every event
-    response_id = id(response)
     try:
         while True:
-            token = reading.set(response_id)
             try:
                 sse = next(events)
             except StopIteration:
@@ -102,8 +387,6 @@ def _observed(
             except BaseException:  # cancelled while waiting for the next event
                 _asked_next(processor, context, delivered)
                 raise
-            finally:
-                reading.reset(token)
             previous = _observe(event, context, sse, previous)
             delivered = True
             yield sse
@@ -116,16 +399,14 @@ def _observed(
             close()
 
 
-async def _aobserved(
+async def _aeach(
     events: AsyncIterator[Any], context: Any, processor: Any, response: Any = None
 ) -> AsyncIterator[Any]:
     previous: str | None = None
     delivered = False
     event = processor.event  # bound once: it runs for every event
-    response_id = id(response)
     try:
         while True:
-            token = reading.set(response_id)
             try:
                 sse = await events.__anext__()
             except StopAsyncIteration:
@@ -141,8 +422,6 @@ async def _aobserved(
             except BaseException:  # cancelled while waiting for the next event
                 _asked_next(processor, context, delivered)
                 raise
-            finally:
-                reading.reset(token)
             previous = _observe(event, context, sse, previous)
             delivered = True
             yield sse
