@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 import threading
-import weakref
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from .continuity import (
     parse_declared,
     parse_event_id,
 )
+from .forks import renew_after_fork
 from .jsonrpc import canonical_digest, is_message, responses_in
 
 SEEN_WINDOW = 16  # event ids remembered per session, for id_reused
@@ -388,20 +387,6 @@ class Step:
 
 NOTHING = Step()  # what most observations produce; compared by identity
 
-# A fork copies the lock as it is: held, if another thread was inside the
-# tracker at that moment, and then held for ever in the child.
-_trackers: weakref.WeakSet[Tracker] = weakref.WeakSet()
-
-
-def _new_locks_in_child() -> None:
-    for tracker in list(_trackers):
-        tracker._lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_locks_in_child)
-
-
 class Tracker:
     def __init__(
         self,
@@ -437,7 +422,12 @@ class Tracker:
         self._dirty: list[Stream] = []
         # Streams being read through a feed: folded in before a cursor lookup.
         self._fed: dict[int, Stream] = {}
-        _trackers.add(self)
+        renew_after_fork(self)
+
+    def _after_fork(self) -> None:
+        # A fork copies the lock as it is: held, if another thread was inside
+        # the tracker at that moment, and then held for ever in the child.
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------ queries
 
