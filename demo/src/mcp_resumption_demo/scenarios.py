@@ -406,6 +406,25 @@ def _resumes(exchanges: list[Exchange]) -> list[Exchange]:
     return [x for x in exchanges if x.last_event_id_sent is not None]
 
 
+async def _abandon(call: asyncio.Future[Any], router: Router) -> None:
+    """The application stops waiting for *call*.
+
+    mcp 2.x then POSTs a courtesy ``notifications/cancelled``; the session's
+    DELETE must not race it, or the SDK server logs "Error handling POST
+    request" for a session it is closing. So wait until it has been answered.
+    """
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await call
+    if MCP_MAJOR >= 2:
+        await router.wait_for(
+            lambda xs: any(
+                x.request.jsonrpc_method == "notifications/cancelled" and x.finished.is_set()
+                for x in xs
+            )
+        )
+
+
 def _cut_call(exchanges: list[Exchange]) -> Exchange:
     return next(x for x in exchanges if x.severed)
 
@@ -681,7 +700,7 @@ async def _sdk_poll(
                     lambda xs: len([x for x in _resumes(xs) if x.finished.is_set()])
                     >= give_up_after
                 )
-                call.cancel()
+                await _abandon(call, router)
             with contextlib.suppress(asyncio.CancelledError):
                 wire.tool_result = await call
         exchanges = router.exchanges

@@ -25,6 +25,7 @@ from .router import Backend, Route
 from .scenarios import (
     Scenario,
     ScenarioWire,
+    _abandon,
     _attempt_of,
     _events_of,
     _initialize_session,
@@ -115,7 +116,7 @@ async def _ts_poll(
             )
             if give_up_when is not None:
                 await _until(lambda: give_up_when(server))
-                call.cancel()
+                await _abandon(call, router)
             with contextlib.suppress(asyncio.CancelledError):
                 wire.tool_result = await asyncio.wait_for(call, _GUARD_TIMEOUT_S)
         # The session's DELETE has been answered: the log is complete.
