@@ -42,6 +42,7 @@ from .continuity import (
     orphaned_request_rule,
     parse_declared,
     parse_event_id,
+    reuses_id,
 )
 from .forks import renew_after_fork
 from .jsonrpc import canonical_digest, is_message, responses_in
@@ -693,16 +694,18 @@ class Tracker:
         step = NOTHING
         check = stream.check
         session = stream.session
-        if check is not None and event_id is not None and data:
-            previous = session.seen.get(event_id)
-            if previous is not None and previous != digest:
-                # The one case that reads the data: on a resumed stream,
-                # an id seen before with other bytes, which would be
-                # reported as a reuse.
-                if not is_message(data):
-                    data = ""  # a keep-alive repeating the id: a marker
-                elif self._same_meaning(check, event_id, data):
-                    digest = previous
+        if (
+            check is not None
+            and event_id is not None
+            and data
+            and reuses_id(session.seen, event_id, digest)
+        ):
+            # The one case that reads the data: on a resumed stream, what
+            # id_reused would report.
+            if not is_message(data):
+                data = ""  # a keep-alive repeating the id: a marker
+            elif self._same_meaning(check, event_id, data):
+                digest = session.seen.get(event_id)
         if unreadable:
             session.forget_pending(stream.lineage)
         if check is not None and check.event_matters(
