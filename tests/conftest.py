@@ -34,3 +34,24 @@ def raw_server():
     running = RawServer()
     yield running
     running.close()
+
+
+@pytest.fixture(scope="session")
+def shipped_stack(tmp_path_factory):
+    """The whole demo, scraped by a real Prometheus on the shipped
+    configuration (15 s scrapes, the shipped rules): (Prometheus, the demo's
+    rows, the timestamp of the scrape that read its last count).  Shared by
+    the dashboard and alert tests: one demo run feeds them all."""
+    from prometheus_stack import Prometheus, ScrapedDemo, free_port
+
+    metrics_port = free_port()
+    prometheus = Prometheus(tmp_path_factory.mktemp("shipped-prometheus"), metrics_port)
+    demo = None
+    try:
+        demo = ScrapedDemo(metrics_port)
+        at = prometheus.scraped_total("mcp_client_resumption_attempts_total", demo.attempts)
+        yield prometheus, demo.rows, at
+    finally:
+        if demo is not None:
+            demo.close()
+        prometheus.close()

@@ -18,8 +18,11 @@ import httpx
 import uvicorn
 from mcp.server.streamable_http import EventMessage, EventStore
 
+from opentelemetry.instrumentation.mcp_resumption.server import McpResumptionServerInstrumentor
+
 MCP_MAJOR = int(importlib.metadata.version("mcp").split(".")[0])
 PROTOCOL = "2025-11-25"
+REQUESTS = "mcp.server.resumption.requests"
 
 if MCP_MAJOR == 1:
     from mcp.server.fastmcp import Context, FastMCP
@@ -199,3 +202,21 @@ class RawSession:
 
     def close(self) -> None:
         self.http.close()
+
+
+@contextlib.contextmanager
+def server_instrumented(telemetry, **settings):
+    instrumentor = McpResumptionServerInstrumentor()
+    instrumentor.instrument(
+        meter_provider=telemetry.meter_provider,
+        logger_provider=telemetry.logger_provider,
+        **settings,
+    )
+    try:
+        yield instrumentor
+    finally:
+        instrumentor.uninstrument()
+
+
+def server_outcomes(telemetry) -> dict[str, int]:
+    return telemetry.counts(REQUESTS, "mcp.resumption.outcome")

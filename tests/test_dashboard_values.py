@@ -15,124 +15,16 @@ wherever the truth is not 0.
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
-import subprocess
-import sys
-import time
-import urllib.parse
-import urllib.request
 from collections import Counter
-from pathlib import Path
-
-import pytest
-import yaml
 
 from dashboard_queries import iter_panels, load_dashboard, substitute
+from prometheus_stack import Prometheus
 
-ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = ROOT / "dashboards" / "prometheus.yml"
 RANGE = "10m"  # longer than the whole test: $__range covers every sample
 RANGE_SECONDS = 600
 SLO = 0.99
 STEP = 15
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Prometheus:
-    def __init__(self, tmp: Path, target_port: int) -> None:
-        config = yaml.safe_load(SHIPPED.read_text(encoding="utf-8"))
-        assert config["global"]["scrape_interval"] == "15s"
-        config["rule_files"] = [str(ROOT / "dashboards" / name) for name in config["rule_files"]]
-        [job] = config["scrape_configs"]
-        job["static_configs"][0]["targets"] = [f"127.0.0.1:{target_port}"]
-        self.job = job["job_name"]
-        path = tmp / "prometheus.yml"
-        path.write_text(yaml.safe_dump(config), encoding="utf-8")
-        binary = shutil.which("prometheus")
-        assert binary, "Prometheus is missing: scripts/test installs Debian's 'prometheus'"
-        self.port = _free_port()
-        self.process = subprocess.Popen(
-            [binary, f"--config.file={path}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-
-    def api(self, path: str, **params: str) -> list:
-        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as response:
-            body = json.load(response)
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
-    def wait(self, condition, timeout: float):
-        """Poll the API until ``condition()`` is true (an event, not a sleep)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                value = condition()
-                if value:
-                    return value
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"not within {timeout} s: {condition.__doc__}")
-
-
-@pytest.fixture(scope="module")
-def scraped(tmp_path_factory):
-    """(Prometheus, demo rows, evaluation time) once the demo's last counts
-    were scraped."""
-    tmp = tmp_path_factory.mktemp("values")
-    metrics_port = _free_port()
-    prometheus = Prometheus(tmp, metrics_port)
-    demo = subprocess.Popen(
-        [str(Path(sys.executable).with_name("mcp-resumption")), "demo", "--json",
-         "--prometheus-port", str(metrics_port), "--hold", "120"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    try:
-        rows = json.loads(_read_json(demo))
-        assert all(row["pass"] for row in rows)
-        total = sum(sum(row["counted"]["attempts"].values()) for row in rows)
-
-        def scraped_all() -> float | None:
-            """every attempt the demo counted is in Prometheus"""
-            result = prometheus.api("query", query="sum(mcp_client_resumption_attempts_total)")
-            if result and float(result[0]["value"][1]) == total:
-                [up] = prometheus.api("query", query=f'timestamp(up{{job="{prometheus.job}"}})')
-                return float(up["value"][1])
-            return None
-
-        at = prometheus.wait(scraped_all, timeout=120)
-        # the rule evaluation after that scrape, for the recording rules
-        yield prometheus, rows, at
-    finally:
-        for process in (demo, prometheus.process):
-            process.terminate()
-        for process in (demo, prometheus.process):
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-
-
-def _read_json(demo: subprocess.Popen) -> str:
-    """The demo's --json list, printed before its hold."""
-    lines = []
-    for line in demo.stdout:
-        lines.append(line)
-        if line.rstrip() == "]":
-            return "".join(lines)
-    raise AssertionError("the demo ended without its JSON: " + "".join(lines))
 
 
 # --- the truth, from the demo's own counts -------------------------------------
@@ -357,8 +249,8 @@ def _print(report: list[tuple]) -> str:
     return "\n".join(lines)
 
 
-def test_every_panel_shows_what_the_demo_counted(scraped):
-    prometheus, rows, at = scraped
+def test_every_panel_shows_what_the_demo_counted(shipped_stack):
+    prometheus, rows, at = shipped_stack
     report = compare(prometheus, rows, at)
     table = _print(report)
     print(table)

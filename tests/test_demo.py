@@ -12,14 +12,33 @@ from pathlib import Path
 
 import pytest
 
-from mcp_resumption_demo import runner, scenarios
+from mcp_resumption_demo import scenarios
 
 
 @pytest.fixture(scope="module")
-def rows() -> dict[str, dict]:
-    rows, totals = runner.run()
-    assert totals["gaps by kind"], "the metric totals come from the exported counters"
-    return {row["scenario"]: row for row in rows}
+def demo_command() -> subprocess.CompletedProcess:
+    """``mcp-resumption demo --json`` as a user runs it: nothing of this
+    process's OpenTelemetry settings or paths leaks in.  One run serves every
+    test of the module."""
+    script = Path(sys.executable).with_name("mcp-resumption")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTHONPATH"))}
+    return subprocess.run(
+        [str(script), "demo", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def rows(demo_command) -> dict[str, dict]:
+    printed = json.loads(demo_command.stdout)
+    assert any(row["counted"]["gaps"] for row in printed), (
+        "the counts come from the exported counters"
+    )
+    return {row["scenario"]: row for row in printed}
 
 
 @pytest.mark.parametrize("scenario", [s.name for s in scenarios.all_scenarios()])
@@ -31,17 +50,8 @@ def test_scenario_detects_exactly_its_ground_truth(rows, scenario):
     assert row["pass"], row
 
 
-def test_demo_command_from_a_clean_environment():
-    script = Path(sys.executable).with_name("mcp-resumption")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTHONPATH"))}
-    result = subprocess.run(
-        [str(script), "demo", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+def test_demo_command_from_a_clean_environment(demo_command):
+    result = demo_command
     assert result.returncode == 0, result.stdout + result.stderr
     # stderr carries the progress and nothing else: no server's log or traceback
     noise = [

@@ -4,21 +4,9 @@ alert, and the controls raise none."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.parse
-import urllib.request
-from pathlib import Path
-
-import pytest
-
 from dashboard_queries import load_dashboard, panel_queries
+from prometheus_stack import Prometheus, ScrapedDemo, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
 GAP_SCENARIOS = {
     "migration_reset": {"McpResumptionSessionChanged", "McpResumptionEventIdRegression"},
     "shared_allocator_reuse": {"McpResumptionReplayInconsistent"},
@@ -33,157 +21,71 @@ CONTROLS = (
     "reinitialize",
     "expired_session_404",
 )
-SCRAPE_JOB = "mcp-demo"
+# Rule evaluations after the last count, before the alerts are read: the
+# recording rules, then the alerts that read them, with a cycle to spare.
+EVALUATIONS = 3
+SHIPPED_INTERVAL_S = 15.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _settled(prometheus: Prometheus, at: float, interval: float) -> float:
+    """A time EVALUATIONS rule evaluations after ``at``, once every group has
+    been evaluated past it.  Alerts are read at that time, not now, so the
+    verdict does not depend on when the test runs."""
+    settled = at + EVALUATIONS * interval
+    prometheus.wait(lambda: prometheus.evaluated_after(settled))
+    return settled
 
 
-class Stack:
-    """Prometheus scraping ``mcp-resumption demo --prometheus-port`` on loopback."""
-
-    def __init__(self, tmp_path: Path, scenarios: list[str]) -> None:
-        prometheus = shutil.which("prometheus")
-        assert prometheus, "Prometheus is missing: scripts/test installs Debian's 'prometheus'"
-        metrics_port, self.port = free_port(), free_port()
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            json.dumps(  # JSON is YAML
-                {
-                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                    "rule_files": [str(ROOT / "dashboards" / "alerts.yaml")],
-                    "scrape_configs": [
-                        {
-                            "job_name": SCRAPE_JOB,
-                            "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"]}],
-                        }
-                    ],
-                }
-            )
-        )
-        self.prometheus = subprocess.Popen(
-            [
-                prometheus,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        demo = Path(sys.executable).with_name("mcp-resumption")
-        args = [str(demo), "demo", "--prometheus-port", str(metrics_port), "--hold", "90"]
-        for name in scenarios:
-            args += ["--scenario", name]
-        self.demo = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
-
-    def query(self, expr: str) -> list:
-        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(
-            {"query": expr}
-        )
-        with urllib.request.urlopen(url, timeout=5) as response:
-            body = json.load(response)
-        assert body["status"] == "success", body
-        return body["data"]["result"]
-
-    def alerts(self) -> dict[str, str]:
-        url = f"http://127.0.0.1:{self.port}/api/v1/alerts"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            body = json.load(response)
-        return {alert["labels"]["alertname"]: alert["state"] for alert in body["data"]["alerts"]}
-
-    def wait_for(self, condition, timeout: float = 60.0):
-        """The condition's first true value; its last value once time is up."""
-        deadline = time.monotonic() + timeout
-        result = None
-        while time.monotonic() < deadline:
-            try:
-                result = condition()
-                if result:
-                    return result
-            except OSError:  # Prometheus still starting
-                pass
-            time.sleep(0.5)
-        return result
-
-    def close(self) -> None:
-        for process in (self.demo, self.prometheus):
-            process.terminate()
-        for process in (self.demo, self.prometheus):
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+def test_every_panel_query_returns_data(shipped_stack):
+    prometheus, _, at = shipped_stack
+    empty = [
+        f"{title}: {expr}"
+        for title, expr in panel_queries(load_dashboard())
+        if not prometheus.query(expr, at)
+    ]
+    assert empty == []
 
 
-def run_until_done(stack: Stack) -> None:
-    """Wait for the demo's table (every scenario ran, printed before the hold),
-    then for scrapes and rule evaluations after it."""
-    assert stack.demo.stdout is not None
-    table = stack.demo.stdout.readline()  # blocks until the table's header
-    assert table.startswith("scenario"), table
-    time.sleep(2.5)
+def _alerts(prometheus: Prometheus, at: float, selector: str = "") -> dict[str, str]:
+    """The alerts as Prometheus evaluated them at ``at``: name -> pending or firing."""
+    return {
+        a["metric"]["alertname"]: a["metric"]["alertstate"]
+        for a in prometheus.query(f"ALERTS{selector}", at)
+    }
 
 
-@pytest.fixture(scope="module")
-def demo_stack(tmp_path_factory):
-    """The whole demo: panels need a realistic mix of outcomes."""
-    stack = Stack(tmp_path_factory.mktemp("prometheus"), [])
-    try:
-        run_until_done(stack)
-        yield stack
-    finally:
-        stack.close()
-
-
-def test_every_panel_query_returns_data(demo_stack):
-    queries = panel_queries(load_dashboard())
-
-    def empty() -> list[str]:
-        return [f"{title}: {expr}" for title, expr in queries if not demo_stack.query(expr)]
-
-    demo_stack.wait_for(lambda: not empty(), timeout=30)
-    assert empty() == []
-
-
-def test_each_gap_scenario_raises_its_alert(demo_stack):
+def test_each_gap_scenario_raises_its_alert(shipped_stack):
+    prometheus, _, scraped = shipped_stack
+    at = _settled(prometheus, scraped, SHIPPED_INTERVAL_S)
     expected = set().union(*GAP_SCENARIOS.values())
-
-    def raised() -> dict[str, str]:
-        alerts = demo_stack.alerts()
-        return alerts if expected <= set(alerts) else {}
-
-    demo_stack.wait_for(raised, timeout=30)
-    alerts = demo_stack.alerts()
+    alerts = _alerts(prometheus, at)
     assert expected <= set(alerts), alerts
-    assert {alerts[name] for name in expected} <= {"pending", "firing"}
     assert alerts["McpResumptionLostToolCall"] == "firing", "a lost tool call warns at once"
     # a single gap is never a page: the burn alerts need 3 bad resumes against
     # one server, which only empty_replay's server has (3 unconfirmed resumes)
-    pages = {a["metric"]["server_port"] for a in demo_stack.query('ALERTS{severity="page"}')}
+    pages = {a["metric"]["server_port"] for a in prometheus.query('ALERTS{severity="page"}', at)}
     bad = (
         "mcp_client_resumption_attempts_total"
         '{mcp_resumption_outcome=~"gap|reinitialized|rejected"}'
     )
-    three = {r["metric"]["server_port"] for r in demo_stack.query(
-        f"sum by (server_port) ({bad}) >= 3")}  # fmt: skip
+    three = {r["metric"]["server_port"] for r in prometheus.query(
+        f"sum by (server_port) ({bad}) >= 3", at)}  # fmt: skip
     assert len(three) == 1 and pages <= three, (pages, three)
 
 
 def test_controls_raise_no_alert(tmp_path):
-    stack = Stack(tmp_path, list(CONTROLS))
+    metrics_port = free_port()
+    prometheus = Prometheus(tmp_path, metrics_port, interval="1s")
+    demo = None
     try:
-        run_until_done(stack)
-        stack.wait_for(lambda: stack.query("mcp_client_resumption_attempts_total"), timeout=30)
-        time.sleep(3)  # several rule evaluations on the controls' data
+        demo = ScrapedDemo(metrics_port, list(CONTROLS))
+        at = prometheus.scraped_total("mcp_client_resumption_attempts_total", demo.attempts)
+        evaluated = _settled(prometheus, at, 1.0)
         # reinitialize and expired_session_404 resume only into the correct
         # fail-closed paths, which still did not continue the stream: their
         # servers miss the SLO, a ticket that waits out its 1 h `for`
-        assert stack.alerts() == {"McpResumptionErrorBudgetBurnSlow": "pending"}
+        assert _alerts(prometheus, evaluated) == {"McpResumptionErrorBudgetBurnSlow": "pending"}
     finally:
-        stack.close()
+        if demo is not None:
+            demo.close()
+        prometheus.close()

@@ -4,24 +4,19 @@ panel compared with what the server was sent."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import socket
 import subprocess
-import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 from opentelemetry.sdk.metrics import MeterProvider
 
-from server_harness import RawSession, UuidStore, build_app, running
-from test_server_sdk import server_instrumented
+from server_harness import RawSession, UuidStore, build_app, running, server_instrumented
 
 from dashboard_queries import iter_panels, load_dashboard, panel_queries
+from prometheus_stack import Prometheus, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "dashboards" / "mcp-resumption-server.json"
@@ -76,66 +71,6 @@ def test_promtool(args):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-# -- a real Prometheus --------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Prometheus:
-    def __init__(self, tmp_path: Path, target_port: int) -> None:
-        binary = shutil.which("prometheus")
-        assert binary, "Prometheus is missing: scripts/test installs Debian's 'prometheus'"
-        self.port = free_port()
-        config = tmp_path / "prometheus.yml"
-        config.write_text(json.dumps({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(ALERTS)],
-            "scrape_configs": [{"job_name": "mcp-server",
-                                "static_configs": [{"targets": [f"127.0.0.1:{target_port}"]}]}],
-        }))
-        self.process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-
-    def _get(self, path: str) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as response:
-            body = json.load(response)
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list:
-        return self._get("/api/v1/query?" + urllib.parse.urlencode({"query": expr}))["result"]
-
-    def alerts(self) -> dict[str, str]:
-        return {a["labels"]["alertname"]: a["state"] for a in self._get("/api/v1/alerts")["alerts"]}
-
-    def wait_for(self, condition, timeout: float = 60.0):
-        deadline = time.monotonic() + timeout
-        result = None
-        while time.monotonic() < deadline:
-            try:
-                result = condition()
-                if result:
-                    return result
-            except OSError:  # still starting
-                pass
-            time.sleep(0.5)
-        return result
-
-    def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-
-
 def scalar(result: list) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
@@ -149,14 +84,16 @@ def test_every_panel_shows_what_the_server_was_sent(tmp_path, telemetry):
     provider = MeterProvider(metric_readers=[reader])
     telemetry.meter_provider = provider
     http_server, _thread = start_http_server(metrics_port, addr="127.0.0.1")
-    prometheus = Prometheus(tmp_path, metrics_port)
+    prometheus = Prometheus(
+        tmp_path, metrics_port, interval="1s", rule_files=[ALERTS], job="mcp-server"
+    )
     store = UuidStore()
     try:
         with server_instrumented(telemetry) as instrumentor, running(build_app(store)) as server:
             first, second = RawSession(server.url), RawSession(server.url)
             # every series of the server exists (at 0) before anything is counted
             series = f'mcp_server_resumption_requests_total{{server_port="{server.port}"}}'
-            assert prometheus.wait_for(lambda: len(prometheus.query(series)) == 9), "no scrape"
+            prometheus.wait(lambda: len(prometheus.query(series)) == 9)
             first.echo("a")
             first.resume(first.last_ids[0], timeout=1)  # replayed
             first.resume("lost-1", timeout=1)  # unknown_cursor, answered 200
@@ -174,9 +111,8 @@ def test_every_panel_shows_what_the_server_was_sent(tmp_path, telemetry):
             }
             # increase() extrapolates over the range: read the totals over 1h, as
             # the stats do, once the last count was scraped
-            total = "sum(mcp_server_resumption_requests_total)"
-            assert prometheus.wait_for(lambda: scalar(prometheus.query(total)) == 5.0)
-            time.sleep(2)
+            at = prometheus.scraped_total("mcp_server_resumption_requests_total", 5.0)
+            prometheus.wait(lambda: prometheus.evaluated_after(at + 2))  # two evaluations
             variables = {"__range": "1h", "__rate_interval": "30s", "job": "mcp-server"}
             shown = {}
             for title, expr in panel_queries(load_dashboard(DASHBOARD), variables):
@@ -197,7 +133,7 @@ def test_every_panel_shows_what_the_server_was_sent(tmp_path, telemetry):
                 alerts = prometheus.alerts()
                 return alerts if len(alerts) == 2 else {}
 
-            alerts = prometheus.wait_for(raised, timeout=30)
+            alerts = prometheus.wait(raised, timeout=30)
             assert alerts == {
                 "McpServerResumptionUnknownCursor": "pending",
                 "McpServerResumptionOtherSession": "pending",

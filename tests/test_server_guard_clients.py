@@ -28,8 +28,14 @@ import anyio
 import pytest
 from mcp import ClientSession
 
-from server_harness import MCP_MAJOR, UuidStore, build_app, running
-from test_server_sdk import server_instrumented, server_outcomes
+from server_harness import (
+    MCP_MAJOR,
+    UuidStore,
+    build_app,
+    running,
+    server_instrumented,
+    server_outcomes,
+)
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup

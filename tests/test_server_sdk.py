@@ -12,36 +12,23 @@ import pytest
 from mcp import ClientSession
 
 from opentelemetry.instrumentation.mcp_resumption.server import (
-    McpResumptionServerInstrumentor,
     ProvableEventStore,
 )
-from server_harness import MCP_MAJOR, RawSession, UuidStore, build_app, running
+from server_harness import (
+    MCP_MAJOR,
+    REQUESTS,
+    RawSession,
+    UuidStore,
+    build_app,
+    running,
+    server_instrumented,
+    server_outcomes,
+)
 
 if MCP_MAJOR == 1:
     from mcp.client.streamable_http import streamablehttp_client as connect
 else:
     from mcp.client.streamable_http import streamable_http_client as connect
-
-REQUESTS = "mcp.server.resumption.requests"
-
-
-@contextlib.contextmanager
-def server_instrumented(telemetry, **settings):
-    instrumentor = McpResumptionServerInstrumentor()
-    instrumentor.instrument(
-        meter_provider=telemetry.meter_provider,
-        logger_provider=telemetry.logger_provider,
-        **settings,
-    )
-    try:
-        yield instrumentor
-    finally:
-        instrumentor.uninstrument()
-
-
-def server_outcomes(telemetry) -> dict[str, int]:
-    return telemetry.counts(REQUESTS, "mcp.resumption.outcome")
-
 
 async def call_slow(url: str, timeout: float = 10):
     async with connect(url) as streams, ClientSession(streams[0], streams[1]) as session:
