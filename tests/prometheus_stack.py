@@ -36,6 +36,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
 def _seconds(rfc3339: str) -> float:
     """Prometheus' timestamps (nanoseconds, ``Z``) as Unix seconds; Python
     3.10's ``fromisoformat`` reads neither."""
@@ -134,11 +142,7 @@ class Prometheus:
         return self.wait(scraped)
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        _stop(self.process)
 
 
 class ScrapedDemo:
@@ -171,8 +175,4 @@ class ScrapedDemo:
         return sum(sum(row["counted"]["attempts"].values()) for row in self.rows)
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        _stop(self.process)
