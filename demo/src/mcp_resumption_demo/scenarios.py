@@ -703,17 +703,22 @@ async def _sdk_poll(
                 await _abandon(call, router)
             with contextlib.suppress(asyncio.CancelledError):
                 wire.tool_result = await call
-        exchanges = router.exchanges
-        call = next(x for x in exchanges if x.request.jsonrpc_method == "tools/call")
-        request_id = _request_id(call.request.jsonrpc or {})
-        wire.session_id_before = _initialize_session(exchanges)
-        wire.received_before = _events_of(call)
-        wire.in_flight = {request_id: "tools/call"}
-        wire.resumes = [_attempt_of(x, request_id) for x in _resumes(exchanges)]
-        if wire.resumes:
-            wire.session_id_after = wire.resumes[-1].session_id_received
-        wire.exchanges = exchanges
+        _record_polled_call(wire, router.exchanges)
         return wire
+
+
+def _record_polled_call(wire: ScenarioWire, exchanges: list[Exchange]) -> None:
+    """What crossed the wire for a session's one ``tools/call`` that the
+    server answered by polling: the call's stream and each re-poll."""
+    call = next(x for x in exchanges if x.request.jsonrpc_method == "tools/call")
+    request_id = _request_id(call.request.jsonrpc or {})
+    wire.session_id_before = _initialize_session(exchanges)
+    wire.received_before = _events_of(call)
+    wire.in_flight = {request_id: "tools/call"}
+    wire.resumes = [_attempt_of(x, request_id) for x in _resumes(exchanges)]
+    if wire.resumes:
+        wire.session_id_after = wire.resumes[-1].session_id_received
+    wire.exchanges = exchanges
 
 
 async def _poll_cut_twice() -> ScenarioWire:

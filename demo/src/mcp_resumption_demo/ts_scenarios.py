@@ -26,11 +26,7 @@ from .scenarios import (
     Scenario,
     ScenarioWire,
     _abandon,
-    _attempt_of,
-    _events_of,
-    _initialize_session,
-    _request_id,
-    _resumes,
+    _record_polled_call,
     _staged,
 )
 from .typescript_server import TsServer, prepare
@@ -121,16 +117,7 @@ async def _ts_poll(
                 wire.tool_result = await asyncio.wait_for(call, _GUARD_TIMEOUT_S)
         # The session's DELETE has been answered: the log is complete.
         wire.server_wire = server.wire()
-        exchanges = router.exchanges
-        tools_call = next(x for x in exchanges if x.request.jsonrpc_method == "tools/call")
-        request_id = _request_id(tools_call.request.jsonrpc or {})
-        wire.session_id_before = _initialize_session(exchanges)
-        wire.received_before = _events_of(tools_call)
-        wire.in_flight = {request_id: "tools/call"}
-        wire.resumes = [_attempt_of(x, request_id) for x in _resumes(exchanges)]
-        if wire.resumes:
-            wire.session_id_after = wire.resumes[-1].session_id_received
-        wire.exchanges = exchanges
+        _record_polled_call(wire, router.exchanges)
         return wire
 
 
