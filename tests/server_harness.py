@@ -14,8 +14,10 @@ from collections import deque
 from collections.abc import Iterator
 from uuid import uuid4
 
+import anyio
 import httpx
 import uvicorn
+from mcp import ClientSession
 from mcp.server.streamable_http import EventMessage, EventStore
 
 from opentelemetry.instrumentation.mcp_resumption.server import McpResumptionServerInstrumentor
@@ -25,8 +27,10 @@ PROTOCOL = "2025-11-25"
 REQUESTS = "mcp.server.resumption.requests"
 
 if MCP_MAJOR == 1:
+    from mcp.client.streamable_http import streamablehttp_client as connect
     from mcp.server.fastmcp import Context, FastMCP
 else:
+    from mcp.client.streamable_http import streamable_http_client as connect
     from mcp.server.mcpserver import Context, MCPServer
 
 
@@ -106,6 +110,14 @@ class Running:
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+async def call_slow(url: str, timeout: float = 10):
+    """The SDK client calls the ``slow`` tool (which polls) in a new session."""
+    async with connect(url) as streams, ClientSession(streams[0], streams[1]) as session:
+        await session.initialize()
+        with anyio.fail_after(timeout):
+            return await session.call_tool("slow", {})
 
 
 @contextlib.contextmanager

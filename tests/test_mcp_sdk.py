@@ -8,28 +8,23 @@ import asyncio
 import contextlib
 import importlib.metadata
 import itertools
-import socket
 import sys
-import threading
 import time
 
-import anyio
 import pytest
-import uvicorn
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
-from mcp import ClientSession
 from mcp.server.streamable_http import EventStore
+
+from server_harness import Running, call_slow
 
 MCP_MAJOR = int(importlib.metadata.version("mcp").split(".")[0])
 
 if MCP_MAJOR == 1:
-    from mcp.client.streamable_http import streamablehttp_client as connect
     from mcp.server.fastmcp import Context, FastMCP
 else:
-    from mcp.client.streamable_http import streamable_http_client as connect
     from mcp.server.mcpserver import Context, MCPServer
 
 
@@ -90,34 +85,6 @@ def build_app(store: EventStore):
     if MCP_MAJOR == 1:
         return server.streamable_http_app()
     return server.streamable_http_app(event_store=store, retry_interval=200)
-
-
-class Running:
-    def __init__(self, app) -> None:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [sock]}, daemon=True
-        )
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
-async def call_slow(url: str, timeout: float = 10):
-    async with connect(url) as streams:
-        read, write = streams[0], streams[1]
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            with anyio.fail_after(timeout):
-                return await session.call_tool("slow", {})
 
 
 def is_error(result) -> bool:

@@ -7,34 +7,21 @@ import asyncio
 import contextlib
 import json
 
-import anyio
 import pytest
-from mcp import ClientSession
 
 from opentelemetry.instrumentation.mcp_resumption.server import (
     ProvableEventStore,
 )
 from server_harness import (
-    MCP_MAJOR,
     REQUESTS,
     RawSession,
     UuidStore,
     build_app,
+    call_slow,
     running,
     server_instrumented,
     server_outcomes,
 )
-
-if MCP_MAJOR == 1:
-    from mcp.client.streamable_http import streamablehttp_client as connect
-else:
-    from mcp.client.streamable_http import streamable_http_client as connect
-
-async def call_slow(url: str, timeout: float = 10):
-    async with connect(url) as streams, ClientSession(streams[0], streams[1]) as session:
-        await session.initialize()
-        with anyio.fail_after(timeout):
-            return await session.call_tool("slow", {})
 
 
 def slow_call(store, timeout: float = 10):
