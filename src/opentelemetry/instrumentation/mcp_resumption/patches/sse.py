@@ -526,17 +526,17 @@ def _aiterate(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     return _aobserved(events, context, owner, _response_of(instance))
 
 
-# The iterator methods of each library's EventSource: (sync, async).
-_METHODS = {
-    "httpx_sse": ("EventSource.iter_sse", "EventSource.aiter_sse"),
-    "httpx2": ("EventSource.__iter__", "EventSource.__aiter__"),
-}
+# The iterator methods of each library's EventSource: (library, sync, async).
+_METHODS = (
+    ("httpx_sse", "EventSource.iter_sse", "EventSource.aiter_sse"),
+    ("httpx2", "EventSource.__iter__", "EventSource.__aiter__"),
+)
 
 
 def targets(owner: ResumptionMonitor, library: str) -> Targets:
     """What McpResumptionInstrumentor.instrument() wraps in ``library``'s
     EventSource for ``owner`` (with patches.wrap_targets, as the library is
     imported)."""
-    sync, asynchronous = _METHODS[library]
+    [(sync, asynchronous)] = [methods for name, *methods in _METHODS if name == library]
     return ((sync, partial(_iterate, owner)), (asynchronous, partial(_aiterate, owner)))
 
