@@ -18,8 +18,9 @@ rules find to the telemetry sink.  Rules and metrics run on every
 observation, whether the trace is sampled or not, so sampling never changes
 the counts.
 
-Imports go one way: patches -> monitor -> tracker / continuity -> telemetry;
-nothing here imports a patch.
+Imports go one way (tests/test_layering.py): the patches know the monitor
+by its type only, the monitor imports the tracker and rules, and the
+telemetry sink, redaction and timer it drives; none of those imports it.
 """
 
 from __future__ import annotations
