@@ -167,10 +167,8 @@ def processor_event_cost(events: int, repeats: int) -> dict[str, float]:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace import TracerProvider
 
-    from opentelemetry.instrumentation.mcp_resumption.processor import (
-        ContinuityProcessor,
-        RequestFacts,
-    )
+    from opentelemetry.instrumentation.mcp_resumption import ContinuityProcessor
+    from opentelemetry.instrumentation.mcp_resumption.facts import RequestFacts
 
     processor = ContinuityProcessor(
         tracer_provider=TracerProvider(),

@@ -17,7 +17,6 @@ import pytest
 from fuzz_sse import RawRequest, Reply, block, consume, head
 from helpers import Telemetry
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
-from opentelemetry.instrumentation.mcp_resumption.patches import active
 
 PROGRAMS = Path(__file__).parent / "programs"
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -118,7 +117,7 @@ def test_uninstrument_restores_every_original_and_reinstrument_counts_once(url):
     instrumentor.uninstrument()
     for (owner, name), original in originals.items():
         assert vars(owner)[name] is original, f"{owner.__name__}.{name} still patched"
-    assert active.processor is None
+    assert instrumentor.processor is None
     _break_and_reset(b"life-2")  # uninstrumented: nobody counts
     assert first.gap_kinds() == {"id_regression": 1}
 

@@ -21,9 +21,12 @@ import pytest
 
 from fuzz_sse import RawServer, Reply, block, consume, head
 from helpers import Telemetry
-from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
+from opentelemetry.instrumentation.mcp_resumption import (
+    ContinuityProcessor,
+    McpResumptionInstrumentor,
+)
 from opentelemetry.instrumentation.mcp_resumption import semconv as sc
-from opentelemetry.instrumentation.mcp_resumption.processor import ContinuityProcessor, RequestFacts
+from opentelemetry.instrumentation.mcp_resumption.facts import RequestFacts
 
 ACCEPT = (b"accept", b"text/event-stream")
 # Protocol words that are not anyone's data (they also name methods in gap messages).

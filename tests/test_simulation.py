@@ -416,10 +416,8 @@ def run_through_the_processor(s: Scenario, hops: list[tuple[int, bool]]):
     """As ``run``, through the processor's own entry points as the patches
     drive them, with ``hops`` answering the resume before its real answer."""
     from helpers import Telemetry
-    from opentelemetry.instrumentation.mcp_resumption.processor import (
-        ContinuityProcessor,
-        RequestFacts,
-    )
+    from opentelemetry.instrumentation.mcp_resumption import ContinuityProcessor
+    from opentelemetry.instrumentation.mcp_resumption.facts import RequestFacts
 
     telemetry = Telemetry()
     processor = ContinuityProcessor(

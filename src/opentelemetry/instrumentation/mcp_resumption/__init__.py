@@ -35,7 +35,7 @@ from .continuity import (
     verify_resumption,
 )
 from .package import _instruments
-from .patches import Installation, active
+from .patches import Installation
 from .patches import http as http_patches
 from .patches import mcp_sdk as mcp_sdk_patches
 from .patches import sse as sse_patches
@@ -94,15 +94,17 @@ class McpResumptionInstrumentor(BaseInstrumentor):
             )
         processor.attach()
         processor.enabled = True
+        # The one owner of this cycle: bound into every patch (no module
+        # holds it), told when its patches report to it.
         self.processor = processor
-        active.processor = processor
+        processor.active = True
         installation = self._installation = Installation()
         for module_name, targets in (
-            ("httpx", http_patches.TARGETS),
-            ("httpx2", http_patches.TARGETS),
-            ("httpx_sse", sse_patches.TARGETS["httpx_sse"]),
-            ("httpx2", sse_patches.TARGETS["httpx2"]),
-            (mcp_sdk_patches.MODULE, mcp_sdk_patches.TARGETS),
+            ("httpx", http_patches.targets(processor)),
+            ("httpx2", http_patches.targets(processor)),
+            ("httpx_sse", sse_patches.targets(processor, "httpx_sse")),
+            ("httpx2", sse_patches.targets(processor, "httpx2")),
+            (mcp_sdk_patches.MODULE, mcp_sdk_patches.targets(processor)),
         ):
             installation.on_import(module_name, targets)
 
@@ -112,7 +114,7 @@ class McpResumptionInstrumentor(BaseInstrumentor):
     def _remove(self) -> None:
         if self.processor is not None:
             self.processor.shutdown()
-        active.processor = None
+            self.processor.active = False
         self.processor = None
         if self._installation is not None:
             self._installation.remove()

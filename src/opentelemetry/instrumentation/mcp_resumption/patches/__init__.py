@@ -1,6 +1,11 @@
 # Copyright The OpenTelemetry Authors
 # SPDX-License-Identifier: Apache-2.0
-"""Patches that observe MCP traffic and report facts to the processor.
+"""Patches that observe MCP traffic and report facts to their owner.
+
+Each patches module has ``targets(owner)``: what it wraps, each wrapper with
+the owner (the ``ContinuityProcessor`` that ``instrument()`` made) bound in
+by ``functools.partial``, as the contrib instrumentations bind their tracer.
+No patch reads state from a module: the owner holds it all.
 
 Every patch catches its own faults, logs once and lets the host's call go
 on; the only exception that may leave a patch on purpose is the gap error
@@ -9,7 +14,6 @@ of enforce mode.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -22,31 +26,11 @@ from wrapt import register_post_import_hook, wrap_function_wrapper
 from ..continuity import ResumptionGapError
 
 _logger = logging.getLogger(__name__)
+# Sites whose fault was logged already: a logging de-dup for the process (a
+# fault is ours, whichever instrument() cycle hit it), not state of an owner.
 _reported: set[str] = set()
 
 T = TypeVar("T")
-
-
-class _Active:
-    """The processor the patches report to; None while uninstrumented."""
-
-    processor: Any = None
-
-
-active = _Active()
-
-# Gap errors raised in enforce mode, collected per task by the MCP SDK patch so
-# that the SDK's reconnect loop can fail the pending request instead of retrying.
-enforced_errors: contextvars.ContextVar[list[ResumptionGapError] | None] = contextvars.ContextVar(
-    "mcp_resumption_enforced_errors", default=None
-)
-
-
-def enforced(error: ResumptionGapError) -> None:
-    """A gap error is leaving a patch on purpose (enforce mode)."""
-    raised = enforced_errors.get()
-    if raised is not None:
-        raised.append(error)
 
 
 def fault(site: str) -> None:
@@ -65,15 +49,17 @@ def fault(site: str) -> None:
 def guarded(site: str, function: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
     try:
         return function(*args, **kwargs)
-    except ResumptionGapError as error:
-        enforced(error)
+    except ResumptionGapError:
+        # Enforce mode: told to the task's reconnect loop by the owner, where
+        # it raised the error; the application is meant to get it.
         raise
     except Exception:  # the host's call must go on whatever we got wrong
         fault(site)
         return None
 
 
-# What a patches module wraps: ("Class.method", wrapt wrapper) pairs.
+# What a patches module wraps: ("Class.method", wrapt wrapper) pairs, made
+# for one owner by the module's ``targets(owner)``.
 Targets = Iterable[tuple[str, Callable[..., Any]]]
 # What was wrapped: (class, method name) pairs, as ``unwrap`` takes them.
 Patched = list[tuple[Any, str]]

@@ -4,39 +4,28 @@
 
 ``Client.send`` is wrapped rather than the transport, so that the facts are
 in a ContextVar while the httpx instrumentation's client span starts inside
-the transport (the processor's ``on_start`` copies them onto it) and so that
+the transport (the owner's ``on_start`` copies them onto it) and so that
 the resume's ``mcp.resume`` span is that span's parent.
 """
 
 from __future__ import annotations
 
 import sys
-import weakref
 from contextlib import nullcontext
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from opentelemetry import trace
 
+from ..facts import RequestFacts, StreamContext, legacy_session_in_query
 from ..jsonrpc import requests_in
-from ..processor import (
-    RequestFacts,
-    StreamContext,
-    _request_attributes,
-    hop_scope,
-    legacy_session_in_query,
-)
 from ..tracker import bounded_id
-from . import active, guarded
+from . import Targets, guarded
 
-# response -> the stream context its EventSource reads through
-streams: weakref.WeakKeyDictionary[Any, StreamContext] = weakref.WeakKeyDictionary()
-
-# The next request of a redirect the client follows itself (one ``send`` per
-# hop, as the MCP SDKs do) -> the JSON-RPC requests of the request it
-# redirects: the re-sent body is a stream ``request.content`` cannot give.
-_redirected: weakref.WeakKeyDictionary[Any, list[tuple[str, str]]] = weakref.WeakKeyDictionary()
+if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
+    from ..monitor import ResumptionMonitor
 
 MAX_HEADER_LENGTH = 1024
 # server.port when the URL leaves it implicit (the conventions ask for the port
@@ -52,7 +41,9 @@ def _header(headers: Any, name: str) -> str | None:
     return value[:MAX_HEADER_LENGTH] if value else None
 
 
-def _body_requests(request: Any, mcp: bool) -> tuple[list[tuple[str, str]] | None, bool]:
+def _body_requests(
+    owner: ResumptionMonitor, request: Any, mcp: bool
+) -> tuple[list[tuple[str, str]] | None, bool]:
     """(the JSON-RPC requests in a POST body, whether it is JSON-RPC); the
     requests are None where the body was not read: streamed (httpx raises
     RequestNotRead), compressed, over the limit or, on a request that shows
@@ -60,7 +51,7 @@ def _body_requests(request: Any, mcp: bool) -> tuple[list[tuple[str, str]] | Non
     try:
         body = request.content
     except Exception:  # a streamed body: the hop of a redirect, or the caller's stream
-        carried = _redirected.get(request)
+        carried = owner.redirected.get(request)
         if carried is not None:
             return carried, True
         # A bytes body re-sent as a stream can be read again without consuming
@@ -79,11 +70,11 @@ def _body_requests(request: Any, mcp: bool) -> tuple[list[tuple[str, str]] | Non
     return requests_in(body), jsonrpc
 
 
-def request_facts(request: Any) -> RequestFacts | None:
+def request_facts(owner: ResumptionMonitor, request: Any) -> RequestFacts | None:
     """Facts of a request that may be MCP; None for other HTTP traffic, which
     is left alone at the cost of a few header lookups.  ``mcp`` says whether
     the request shows MCP itself; if not, its answer has to (see
-    ``ContinuityProcessor.end_request``)."""
+    ``ResumptionMonitor.end_request``)."""
     headers = request.headers
     last_event_id = _header(headers, "last-event-id")
     session_id = bounded_id(_header(headers, "mcp-session-id"))
@@ -96,12 +87,12 @@ def request_facts(request: Any) -> RequestFacts | None:
     # scope), a resume is MCP even before any session: an explicit
     # resumption token is sent with no header that shows it.
     mcp = bool(session_id or legacy_session_id or protocol_version) or (
-        last_event_id is not None and hop_scope.get() is not None
+        last_event_id is not None and owner.hop_scope.get() is not None
     )
     method = request.method
     requests: list[tuple[str, str]] | None = []
     if method == "POST" and (mcp or "text/event-stream" in accept):
-        requests, jsonrpc = _body_requests(request, mcp)
+        requests, jsonrpc = _body_requests(owner, request, mcp)
         mcp = mcp or jsonrpc
     if not (mcp or last_event_id or "text/event-stream" in accept):
         return None
@@ -121,17 +112,16 @@ def request_facts(request: Any) -> RequestFacts | None:
     )
 
 
-def _prepare(args: tuple, kwargs: dict):
-    processor = active.processor
-    if processor is None or not processor.enabled or not is_instrumentation_enabled():
+def _prepare(owner: ResumptionMonitor, args: tuple, kwargs: dict):
+    if not owner.active or not owner.enabled or not is_instrumentation_enabled():
         return None
     request = args[0] if args else kwargs.get("request")
-    facts = guarded("reading request facts", request_facts, request)
+    facts = guarded("reading request facts", request_facts, owner, request)
     if facts is None:
         return None
-    attributes = guarded("request attributes", processor.request_attributes, facts)
-    resume = guarded("opening the resume span", processor.begin_request, facts, attributes)
-    return processor, facts, resume, attributes
+    attributes = guarded("request attributes", owner.request_attributes, facts)
+    resume = guarded("opening the resume span", owner.begin_request, facts, attributes)
+    return facts, resume, attributes
 
 
 def _span_scope(resume: Any):
@@ -140,13 +130,15 @@ def _span_scope(resume: Any):
     return trace.use_span(resume.span, end_on_exit=False, record_exception=False)
 
 
-def _observe_response(processor: Any, facts: RequestFacts, resume: Any, response: Any) -> None:
+def _observe_response(
+    owner: ResumptionMonitor, facts: RequestFacts, resume: Any, response: Any
+) -> None:
     headers = response.headers
     next_request = getattr(response, "next_request", None)
     if next_request is not None and facts.requests:
-        _redirected[next_request] = facts.requests
+        owner.redirected[next_request] = facts.requests
     content_type = headers.get("content-type", "")
-    context = processor.end_request(
+    context = owner.end_request(
         facts,
         resume,
         response.status_code,
@@ -155,7 +147,7 @@ def _observe_response(processor: Any, facts: RequestFacts, resume: Any, response
         response_mcp="mcp-protocol-version" in headers,
     )
     if context is not None:
-        streams[response] = context
+        owner.streams[response] = context
 
 
 def _failed(resume: Any, error: BaseException) -> None:
@@ -168,12 +160,13 @@ def _failed(resume: Any, error: BaseException) -> None:
         resume.span.end()
 
 
-def _send(wrapped, instance, args, kwargs):
-    prepared = _prepare(args, kwargs)
+def _send(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
+    prepared = _prepare(owner, args, kwargs)
     if prepared is None:
         return wrapped(*args, **kwargs)
-    processor, facts, resume, attributes = prepared
-    token = _request_attributes.set(attributes)
+    facts, resume, attributes = prepared
+    request_scope = owner.request_scope
+    token = request_scope.set(attributes)
     try:
         with _span_scope(resume):
             response = wrapped(*args, **kwargs)
@@ -181,17 +174,18 @@ def _send(wrapped, instance, args, kwargs):
         guarded("recording a failed reconnect", _failed, resume, error)
         raise
     finally:
-        _request_attributes.reset(token)
-    guarded("reading response facts", _observe_response, processor, facts, resume, response)
+        request_scope.reset(token)
+    guarded("reading response facts", _observe_response, owner, facts, resume, response)
     return response
 
 
-async def _async_send(wrapped, instance, args, kwargs):
-    prepared = _prepare(args, kwargs)
+async def _async_send(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
+    prepared = _prepare(owner, args, kwargs)
     if prepared is None:
         return await wrapped(*args, **kwargs)
-    processor, facts, resume, attributes = prepared
-    token = _request_attributes.set(attributes)
+    facts, resume, attributes = prepared
+    request_scope = owner.request_scope
+    token = request_scope.set(attributes)
     try:
         with _span_scope(resume):
             response = await wrapped(*args, **kwargs)
@@ -199,14 +193,14 @@ async def _async_send(wrapped, instance, args, kwargs):
         guarded("recording a failed reconnect", _failed, resume, error)
         raise
     finally:
-        _request_attributes.reset(token)
-    guarded("reading response facts", _observe_response, processor, facts, resume, response)
+        request_scope.reset(token)
+    guarded("reading response facts", _observe_response, owner, facts, resume, response)
     return response
 
 
-def _closed(response: Any, orderly: bool) -> None:
-    context = streams.pop(response, None)
-    if context is not None and active.processor is not None:
+def _closed(owner: ResumptionMonitor, response: Any, orderly: bool) -> None:
+    context = owner.streams.pop(response, None)
+    if context is not None and owner.active:
         if orderly:
             # The application closed the response itself, in its own time: it
             # read what it wanted and is done with the last event it was
@@ -214,8 +208,8 @@ def _closed(response: Any, orderly: bool) -> None:
             # a cancellation is on its way out (the handler of that event was
             # cut short) and an iterator closed before the next event leave it
             # unconsumed: the precondition of the drain race.
-            active.processor.asked_next(context)
-        active.processor.ended(context, "closed by the application", closed_by_client=True)
+            owner.asked_next(context)
+        owner.ended(context, "closed by the application", closed_by_client=True)
 
 
 def _inside_read(context: StreamContext) -> bool:
@@ -237,32 +231,34 @@ def _inside_read(context: StreamContext) -> bool:
     return False
 
 
-def _close_seen(instance: Any) -> None:
-    context = streams.get(instance)
+def _close_seen(owner: ResumptionMonitor, instance: Any) -> None:
+    context = owner.streams.get(instance)
     if context is not None and not _inside_read(context):
-        _closed(instance, sys.exc_info()[1] is None)
+        _closed(owner, instance, sys.exc_info()[1] is None)
 
 
-def _close(wrapped, instance, args, kwargs):
+def _close(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     # A client that reads the headers and walks away never iterates the
     # events: the close is the only sign (the fail-closed re-initialise path).
-    if instance in streams:
-        guarded("observing a closed response", _close_seen, instance)
+    if instance in owner.streams:
+        guarded("observing a closed response", _close_seen, owner, instance)
     return wrapped(*args, **kwargs)
 
 
-async def _aclose(wrapped, instance, args, kwargs):
-    if instance in streams:
-        guarded("observing a closed response", _close_seen, instance)
+async def _aclose(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
+    if instance in owner.streams:
+        guarded("observing a closed response", _close_seen, owner, instance)
     return await wrapped(*args, **kwargs)
 
 
-# What McpResumptionInstrumentor.instrument() wraps in httpx and in httpx2
-# (with patches.wrap_targets, as each library is imported).
-TARGETS = (
-    ("Client.send", _send),
-    ("AsyncClient.send", _async_send),
-    ("Response.close", _close),
-    ("Response.aclose", _aclose),
-)
+def targets(owner: ResumptionMonitor) -> Targets:
+    """What McpResumptionInstrumentor.instrument() wraps in httpx and in
+    httpx2 for ``owner`` (with patches.wrap_targets, as each library is
+    imported)."""
+    return (
+        ("Client.send", partial(_send, owner)),
+        ("AsyncClient.send", partial(_async_send, owner)),
+        ("Response.close", partial(_close, owner)),
+        ("Response.aclose", partial(_aclose, owner)),
+    )
 

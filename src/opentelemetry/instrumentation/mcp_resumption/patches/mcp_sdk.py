@@ -20,11 +20,14 @@ still parked is judged then rather than when the confirmation window passes.
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from ..continuity import ResumptionGapError
-from ..processor import hop_scope, lineage_scope
-from . import active, enforced_errors, guarded
+from . import Targets, guarded
+
+if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
+    from ..monitor import ResumptionMonitor
 
 MODULE = "mcp.client.streamable_http"
 GAP_ERROR_CODE = -32001  # implementation-defined server-error range of JSON-RPC
@@ -59,50 +62,51 @@ async def _fail_request(ctx: Any, error: ResumptionGapError) -> None:
         await ctx.read_stream_writer.send(message)
 
 
-def _reconnect(wrapped, instance, args, kwargs):
+def _reconnect(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     # Not a coroutine function itself: the SDK's reconnection recurses, once
     # per reconnect, and an async wrapper would add a frame to every level,
     # halving the number of reconnects the SDK can make before its stack runs
     # out.  Only the outermost call of a request gets a frame of ours.
-    raised = enforced_errors.get()
+    raised = owner.enforced_errors.get()
     if raised is None:
-        return _outermost(wrapped, args, kwargs)
+        return _outermost(owner, wrapped, args, kwargs)
     if raised:
         # A gap was enforced on this request's stream: do not resume it again.
         return _fail_request(args[0] if args else kwargs.get("ctx"), raised[0])
     return wrapped(*args, **kwargs)
 
 
-async def _outermost(wrapped, args, kwargs):
-    token = enforced_errors.set([])
+async def _outermost(owner: ResumptionMonitor, wrapped, args, kwargs):
+    token = owner.enforced_errors.set([])
     hops: list = []  # keys of the hops parked inside this loop
-    hops_token = hop_scope.set(hops)
+    hops_token = owner.hop_scope.set(hops)
     held: list = []  # streams of this request that ended holding it
-    held_token = lineage_scope.set(held)
+    held_token = owner.lineage_scope.set(held)
     try:
         return await wrapped(*args, **kwargs)
     except ResumptionGapError as error:  # 2.x lets it out of an explicit resumption
         await _fail_request(args[0] if args else kwargs.get("ctx"), error)
         return None
     finally:
-        hop_scope.reset(hops_token)
-        lineage_scope.reset(held_token)
-        enforced_errors.reset(token)
-        processor = active.processor
-        if processor is not None:
+        owner.hop_scope.reset(hops_token)
+        owner.lineage_scope.reset(held_token)
+        owner.enforced_errors.reset(token)
+        if owner.active:
             for key in hops:
-                guarded("judging an unfollowed hop", processor.settle, key)
+                guarded("judging an unfollowed hop", owner.settle, key)
             # The SDK gave up on (or finished) this request: its lineage ends.
             for context in held:
                 guarded(
-                    "ending a lineage", processor.lineage_ended, context,
+                    "ending a lineage", owner.lineage_ended, context,
                     "the client stopped resuming it",
                 )
 
 
-# What McpResumptionInstrumentor.instrument() wraps (with patches.wrap_targets,
-# as the module is imported).
-TARGETS = (
-    ("StreamableHTTPTransport._handle_reconnection", _reconnect),
-    ("StreamableHTTPTransport._handle_resumption_request", _reconnect),
-)
+def targets(owner: ResumptionMonitor) -> Targets:
+    """What McpResumptionInstrumentor.instrument() wraps for ``owner`` (with
+    patches.wrap_targets, as the module is imported)."""
+    reconnect = partial(_reconnect, owner)
+    return (
+        ("StreamableHTTPTransport._handle_reconnection", reconnect),
+        ("StreamableHTTPTransport._handle_resumption_request", reconnect),
+    )

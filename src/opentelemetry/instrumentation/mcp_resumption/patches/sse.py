@@ -35,12 +35,15 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from ..continuity import ResumptionGapError
 from ..tracker import SEEN_WINDOW, SSE, Event
-from . import active, enforced, fault, guarded
-from .http import streams
+from . import Targets, fault, guarded
+
+if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
+    from ..monitor import ResumptionMonitor
 
 # The ring holds one more than the seen window: its oldest event, once the
 # ring may have overflowed, only tells the id the next one carries over.
@@ -135,11 +138,11 @@ def _response_of(event_source: Any) -> Any:
     return getattr(event_source, "response", None) or getattr(event_source, "_response", None)
 
 
-def _context_for(event_source: Any):
-    if active.processor is None:
+def _context_for(owner: ResumptionMonitor, event_source: Any):
+    if not owner.active:
         return None
     response = _response_of(event_source)
-    return streams.get(response) if response is not None else None
+    return owner.streams.get(response) if response is not None else None
 
 
 def _asked_next(processor: Any, context: Any, delivered: bool) -> None:
@@ -166,20 +169,22 @@ def _ended(
         closed_by_client=closed_by_client, clean=clean,
     )
     # Reported: the response's close that follows has nothing left to tell.
-    streams.pop(response, None)
+    processor.streams.pop(response, None)
 
 
-def _observe(event: Any, context: Any, sse: Any, previous: str | None) -> str | None:
-    """Reports one event (``event`` is the processor's); returns its id as the
-    parser carries it.  ``guarded()`` written out: this runs for every event."""
+def _observe(
+    processor: Any, event: Any, context: Any, sse: Any, previous: str | None
+) -> str | None:
+    """Reports one event (``event`` is ``processor.event``, bound once);
+    returns its id as the parser carries it.  ``guarded()`` written out: this
+    runs for every event."""
     record = normalised(sse, previous)
     try:
         if record.retry is not None:  # rare: a polling server says how often
-            active.processor.retry_seen(context, record.retry)
+            processor.retry_seen(context, record.retry)
         event(context, record.type, record.id, record.data)
-    except ResumptionGapError as error:
-        enforced(error)
-        raise
+    except ResumptionGapError:
+        raise  # enforce mode: the owner told the task's reconnect loop
     except Exception:  # the host's read goes on whatever we got wrong
         fault("observing an event")
     return sse.id
@@ -189,9 +194,8 @@ def _report(processor: Any, context: Any, feed: Feed, sse: Any) -> None:
     """One event of a fed stream reported as it comes (after the ring)."""
     try:
         processor.feed_event(context, feed, sse)
-    except ResumptionGapError as error:
-        enforced(error)
-        raise
+    except ResumptionGapError:
+        raise  # enforce mode: the owner told the task's reconnect loop
     except Exception:  # the host's read goes on whatever we got wrong
         fault("observing an event")
 
@@ -387,7 +391,7 @@ def _each(
             except BaseException:  # cancelled while waiting for the next event
                 _asked_next(processor, context, delivered)
                 raise
-            previous = _observe(event, context, sse, previous)
+            previous = _observe(processor, event, context, sse, previous)
             delivered = True
             yield sse
     except GeneratorExit:
@@ -422,7 +426,7 @@ async def _aeach(
             except BaseException:  # cancelled while waiting for the next event
                 _asked_next(processor, context, delivered)
                 raise
-            previous = _observe(event, context, sse, previous)
+            previous = _observe(processor, event, context, sse, previous)
             delivered = True
             yield sse
     except GeneratorExit:
@@ -438,7 +442,7 @@ def _promoted(processor: Any, context: Any, response: Any, sse: Any) -> bool:
     """A candidate stream's first event decides whether it is MCP."""
     if guarded("checking for an endpoint event", processor.promote, context, sse.event):
         return True
-    streams.pop(response, None)  # not MCP: nothing more to look at
+    processor.streams.pop(response, None)  # not MCP: nothing more to look at
     return False
 
 
@@ -450,7 +454,7 @@ def _candidate(
     try:
         first = next(events)
     except StopIteration:
-        streams.pop(response, None)
+        processor.streams.pop(response, None)
         return
     if not _promoted(processor, context, response, first):
         yield first
@@ -470,7 +474,7 @@ async def _acandidate(
     try:
         first = await events.__anext__()
     except StopAsyncIteration:
-        streams.pop(response, None)
+        processor.streams.pop(response, None)
         return
     if _promoted(processor, context, response, first):
         events = _aprepend(first, events)
@@ -502,30 +506,37 @@ async def _aprepend(first: Any, events: AsyncIterator[Any]) -> AsyncIterator[Any
             await aclose()
 
 
-def _iterate(wrapped, instance, args, kwargs):
+def _iterate(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     events = wrapped(*args, **kwargs)
-    context = guarded("finding the stream", _context_for, instance)
+    context = guarded("finding the stream", _context_for, owner, instance)
     if context is None:
         return events
     if context.stream is None:
-        return _candidate(events, context, active.processor, _response_of(instance))
-    return _observed(events, context, active.processor, _response_of(instance))
+        return _candidate(events, context, owner, _response_of(instance))
+    return _observed(events, context, owner, _response_of(instance))
 
 
-def _aiterate(wrapped, instance, args, kwargs):
+def _aiterate(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     events = wrapped(*args, **kwargs)
-    context = guarded("finding the stream", _context_for, instance)
+    context = guarded("finding the stream", _context_for, owner, instance)
     if context is None:
         return events
     if context.stream is None:
-        return _acandidate(events, context, active.processor, _response_of(instance))
-    return _aobserved(events, context, active.processor, _response_of(instance))
+        return _acandidate(events, context, owner, _response_of(instance))
+    return _aobserved(events, context, owner, _response_of(instance))
 
 
-# What McpResumptionInstrumentor.instrument() wraps, by library (with
-# patches.wrap_targets, as each library is imported).
-TARGETS = {
-    "httpx_sse": (("EventSource.iter_sse", _iterate), ("EventSource.aiter_sse", _aiterate)),
-    "httpx2": (("EventSource.__iter__", _iterate), ("EventSource.__aiter__", _aiterate)),
-}
+# The iterator methods of each library's EventSource: (library, sync, async).
+_METHODS = (
+    ("httpx_sse", "EventSource.iter_sse", "EventSource.aiter_sse"),
+    ("httpx2", "EventSource.__iter__", "EventSource.__aiter__"),
+)
+
+
+def targets(owner: ResumptionMonitor, library: str) -> Targets:
+    """What McpResumptionInstrumentor.instrument() wraps in ``library``'s
+    EventSource for ``owner`` (with patches.wrap_targets, as the library is
+    imported)."""
+    [(sync, asynchronous)] = [methods for name, *methods in _METHODS if name == library]
+    return ((sync, partial(_iterate, owner)), (asynchronous, partial(_aiterate, owner)))
 

@@ -6,14 +6,13 @@ One object per ``instrument()``: the patches report a resume request's
 outcome here, and it writes ``mcp.server.resumption.requests``, the
 histogram of replayed events and, for the outcomes that lose events, a
 ``resumption.gap`` span and log event with the client side's attribute names
-and session-id policy (the same code: ``ContinuityProcessor.session_attribute``
-and ``scrub``).  It also remembers which session each event id was issued in,
-per store, so that a cursor presented in another session can be told.
+and session-id policy (the same code: ``redaction.Redaction``).  It also
+remembers which session each event id was issued in, per store, so that a
+cursor presented in another session can be told.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -26,7 +25,8 @@ from opentelemetry import metrics, trace
 
 from .. import config
 from .. import semconv as sc
-from ..processor import ContinuityProcessor, _LogBudget
+from ..redaction import Redaction
+from ..telemetry import LogBudget
 from ..tracker import bounded_id
 from ..version import __version__
 
@@ -70,10 +70,6 @@ def header(scope: Any, name: bytes) -> str | None:
 class ServerObserver:
     """Counts resume requests by outcome and writes the gap events."""
 
-    # The client side's session-id policy (hash / raw / omit), the same code.
-    session_attribute = ContinuityProcessor.session_attribute
-    scrub = ContinuityProcessor.scrub
-
     def __init__(
         self,
         *,
@@ -85,8 +81,11 @@ class ServerObserver:
         self.settings = settings or config.load()
         self.guard = guard
         self.enabled = True
-        self._hash_key = os.urandom(32)
-        self._session_hashes: dict[str, str] = {}
+        # The client side's session-id policy (hash / raw / omit), the same
+        # code, with a key of its own.
+        redaction = Redaction(self.settings)
+        self.session_attribute = redaction.session_attribute
+        self.scrub = redaction.scrub
         meter = metrics.get_meter(
             sc.INSTRUMENTATION_NAME, __version__, meter_provider, schema_url=sc.SCHEMA_URL
         )
@@ -98,7 +97,7 @@ class ServerObserver:
             logger_provider=logger_provider,
             schema_url=sc.SCHEMA_URL,
         )
-        self._log_budget = _LogBudget()
+        self._log_budget = LogBudget()
         self._servers_seen: set[tuple[str, str, int | None]] = set()
         self._issued: weakref.WeakKeyDictionary[Any, OrderedDict[str, str | None]] = (
             weakref.WeakKeyDictionary()

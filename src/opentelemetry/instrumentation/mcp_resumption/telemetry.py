@@ -1,0 +1,381 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The telemetry sink: what the rules found, written as spans, log events
+and metrics.
+
+The owner (``monitor.ResumptionMonitor``) decides; this module only writes:
+the ``mcp.resume`` span, ``resumption.gap`` span and log events (rate
+limited per gap kind and server), the attempt, gap, duration and replay
+metrics, the observable event totals, and the evicted-streams counter.
+Every exported text goes through the owner's session-id policy
+(``redaction.Redaction``).  It imports nothing above it: no patch, no owner.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any
+
+from opentelemetry._logs import SeverityNumber, get_logger
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import SpanKind
+
+from opentelemetry import metrics, trace
+
+from . import semconv as sc
+from .continuity import Gap, Outcome, Verdict
+from .facts import (
+    RequestFacts,
+    ResumeStart,
+    StreamContext,
+    exported_request_id,
+    server_attributes,
+)
+from .forks import renew_after_fork
+from .redaction import Redaction
+from .version import __version__
+
+# A stream's events are added to the totals at most every this many events or
+# seconds, and when the stream ends.
+EVENTS_BATCH = 64
+EVENTS_BATCH_SECONDS = 1.0
+# Servers whose counters are started at 0 (server_seen); beyond, new servers'
+# series start at their first count, as without it.
+MAX_ZERO_SERIES_SERVERS = 1024
+
+
+class EventTotals:
+    """Events delivered per (transport, server address), reported by the
+    observable counter ``mcp.client.stream.events``: a batch costs a dict
+    addition here, where an SDK ``Counter.add`` cost ~20 us in a real client
+    (once per stream, a tenth of the plugin's cost of a POST answered by SSE)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._totals: dict[tuple[str, str, int | None], int] = {}
+        # Streams whose events are counted by the SSE patch's feed (id() ->
+        # context, from the feed's start to the stream's end), read here at
+        # collection: a stream that is read pays nothing per event for its
+        # count.
+        self._fed: dict[int, StreamContext] = {}
+        renew_after_fork(self)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # the totals go on, like a counter's
+
+    def add(self, key: tuple[str, str, int | None], events: int) -> None:
+        with self._lock:
+            self._totals[key] = self._totals.get(key, 0) + events
+
+    def watch(self, context: StreamContext) -> None:
+        self._fed[id(context)] = context  # a dict's item assignment: atomic
+
+    def unwatch(self, context: StreamContext) -> None:
+        self._fed.pop(id(context), None)
+
+    def fed_events(self, context: StreamContext) -> int:
+        """Events counted by the stream's feed and not yet in the totals
+        (taken: the caller adds them)."""
+        feed = context.feed
+        if feed is None:
+            return 0
+        with self._lock:  # a collection and the stream's end may race here
+            total = feed.count()
+            new, feed.counted = total - feed.counted, total
+        return new
+
+    def freeze(self) -> None:
+        """Uninstrumented: what the feeds counted so far goes into the
+        totals, what they count from now on does not."""
+        for context in list(self._fed.values()):
+            self.add(context.events_key, self.fed_events(context))
+            frozen = context.feed.counted
+            context.feed._count = lambda frozen=frozen: frozen
+        self._fed.clear()
+
+    def observe(self, options: CallbackOptions) -> list[Observation]:
+        for context in list(self._fed.values()):
+            new = self.fed_events(context)
+            if new:
+                self.add(context.events_key, new)
+        with self._lock:
+            totals = list(self._totals.items())
+        observations = []
+        for (transport, host, port), events in totals:
+            attributes: dict[str, Any] = {sc.MCP_TRANSPORT: transport, sc.SERVER_ADDRESS: host}
+            if port is not None:
+                attributes[sc.SERVER_PORT] = port
+            observations.append(Observation(events, attributes))
+        return observations
+
+
+class LogBudget:
+    """How many ``resumption.gap`` log records a (gap kind, server) may still
+    write: a server answering thousands of unknown ids would otherwise write
+    thousands of records.  A burst, then one per interval; the metrics and the
+    span events count every gap.  Unlocked: a race lets one more through."""
+
+    BURST = 10
+    INTERVAL = 6.0  # seconds per record after the burst
+    MAX_KEYS = 1024
+
+    def __init__(self) -> None:
+        self._left: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def take(self, key: tuple[str, str]) -> bool:
+        now = time.monotonic()
+        tokens, at = self._left.get(key, (self.BURST, now))
+        tokens = min(self.BURST, tokens + (now - at) / self.INTERVAL)
+        if len(self._left) >= self.MAX_KEYS and key not in self._left:
+            self._left.clear()
+        if tokens < 1:
+            self._left[key] = (tokens, now)
+            return False
+        self._left[key] = (tokens - 1, now)
+        return True
+
+
+class Instruments:
+    """The instruments of one MeterProvider, made once for every processor
+    that writes to it: the SDK hands an instrument made a second time back
+    as it was, with the first one's callbacks, so a second processor's own
+    event totals would never be read."""
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None) -> None:
+        meter = metrics.get_meter(
+            sc.INSTRUMENTATION_NAME, __version__, meter_provider, schema_url=sc.SCHEMA_URL
+        )
+        self.attempts = meter.create_counter(*sc.ATTEMPTS)
+        self.gaps = meter.create_counter(*sc.GAPS)
+        self.duration = meter.create_histogram(
+            *sc.DURATION, explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS
+        )
+        self.replayed = meter.create_histogram(*sc.REPLAYED_EVENTS)
+        self.event_totals = EventTotals()
+        name, unit, description = sc.STREAM_EVENTS
+        meter.create_observable_counter(
+            name, callbacks=[self.event_totals.observe], unit=unit, description=description
+        )
+        self.evicted = meter.create_counter(*sc.EVICTED_STREAMS)
+        self.evicted.add(0)  # a series from the start: "none evicted" is an answer
+
+
+# One Instruments per MeterProvider, for as long as the provider lives: a
+# cache, not a channel (re-instrumenting against the same provider must find
+# the instruments, and the callbacks, it made the first time).
+_instruments: weakref.WeakKeyDictionary[Any, Instruments] = weakref.WeakKeyDictionary()
+_instruments_lock = threading.Lock()
+
+
+def instruments_of(meter_provider: metrics.MeterProvider | None) -> Instruments:
+    provider = meter_provider or metrics.get_meter_provider()
+    with _instruments_lock:
+        try:
+            found = _instruments.get(provider)
+        except TypeError:  # a provider that takes no weak reference
+            return Instruments(meter_provider)
+        if found is None:
+            found = _instruments[provider] = Instruments(meter_provider)
+        return found
+
+
+def known_sessions(context: StreamContext) -> list[str | None]:
+    """The session ids that exported text about ``context`` may quote."""
+    check = context.stream.check
+    sessions = [
+        context.facts.session_id,
+        context.facts.legacy_session_id,
+        context.stream.session.session_id,
+    ]
+    if check is not None:
+        sessions += [check.cursor.session_id, check.response_session_id]
+    return sessions
+
+
+class TelemetrySink:
+    """Writes the owner's findings to one tracer, meter and logger provider."""
+
+    def __init__(
+        self,
+        redaction: Redaction,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        logger_provider: Any | None = None,
+    ) -> None:
+        self.redaction = redaction
+        self._tracer = trace.get_tracer(
+            sc.INSTRUMENTATION_NAME,
+            __version__,
+            tracer_provider=tracer_provider,
+            schema_url=sc.SCHEMA_URL,
+        )
+        instruments = instruments_of(meter_provider)
+        self._attempts = instruments.attempts
+        self._gaps = instruments.gaps
+        self._duration = instruments.duration
+        self._replayed = instruments.replayed
+        self.event_totals = instruments.event_totals
+        self._evicted = instruments.evicted
+        self._evicted_reported = 0
+        self._events_logger = get_logger(
+            sc.INSTRUMENTATION_NAME,
+            __version__,
+            logger_provider=logger_provider,
+            schema_url=sc.SCHEMA_URL,
+        )
+        self._servers_seen: set[tuple[str, int | None]] = set()
+        self._log_budget = LogBudget()
+
+    # ------------------------------------------------------ the resume span
+
+    def start_resume(self, facts: RequestFacts, attributes: Any) -> ResumeStart:
+        span = self._tracer.start_span(
+            sc.RESUME_SPAN_NAME,
+            kind=SpanKind.INTERNAL,
+            attributes={**server_attributes(facts), **attributes},
+        )
+        return ResumeStart(span, time.monotonic())
+
+    def resume_answered(
+        self,
+        span: Any,
+        transport: str,
+        status: int,
+        previous_session_id: str | None,
+        session_id: str | None,
+    ) -> None:
+        """The resume's answer arrived: its transport, status and sessions."""
+        if not span.is_recording():
+            return
+        span.set_attribute(sc.MCP_TRANSPORT, transport)
+        span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, status)
+        if previous_session_id is not None:
+            previous = self.redaction.session_attribute(previous_session_id)
+            if previous is not None:
+                span.set_attribute(sc.RESUMPTION_PREVIOUS_SESSION_ID, previous)
+        current = self.redaction.session_attribute(session_id)
+        if current is not None:
+            span.set_attribute(sc.MCP_SESSION_ID, current)
+
+    # ------------------------------------------------------ metrics
+
+    def server_seen(self, address: str, port: int | None) -> None:
+        """Start the counters of a server at 0 the first time it is seen.
+
+        Prometheus' ``increase()`` and ``rate()`` cannot see a series that is
+        born at 1: without a 0 point per outcome and gap kind, the first gap
+        against a server would show as no gap at all.  Called at each response;
+        the set makes it a lookup after the first."""
+        key = (address, port)
+        if key in self._servers_seen or len(self._servers_seen) >= MAX_ZERO_SERIES_SERVERS:
+            return
+        self._servers_seen.add(key)
+        server = {sc.SERVER_ADDRESS: address}
+        if port is not None:
+            server[sc.SERVER_PORT] = port
+        # Both transports: a server migrated from SSE is resumed over
+        # streamable HTTP, and that series must exist before its first count.
+        for transport in (sc.TRANSPORT_SSE, sc.TRANSPORT_STREAMABLE_HTTP):
+            self.event_totals.add((transport, address, port), 0)
+            for kind in sc.GAP_KINDS:
+                self._gaps.add(0, {sc.GAP_KIND: kind, sc.MCP_TRANSPORT: transport, **server})
+            for previous in sc.PREVIOUS_TRANSPORTS:
+                for outcome in sc.OUTCOMES:
+                    attributes = {
+                        sc.RESUMPTION_OUTCOME: outcome,
+                        sc.MCP_TRANSPORT: transport,
+                        sc.RESUMPTION_PREVIOUS_TRANSPORT: previous,
+                        **server,
+                    }
+                    self._attempts.add(0, attributes)
+
+    def count_events(self, context: StreamContext) -> None:
+        uncounted = context.uncounted + self.event_totals.fed_events(context)
+        if uncounted:
+            self.event_totals.add(context.events_key, uncounted)
+            context.uncounted = 0
+        context.counted_at = time.monotonic()
+
+    def report_evictions(self, evicted: int) -> None:
+        """``evicted``: the tracker's count of evicted streams so far."""
+        if evicted > self._evicted_reported:
+            self._evicted.add(evicted - self._evicted_reported)
+            self._evicted_reported = evicted
+
+    # ------------------------------------------------------ gaps and outcomes
+
+    def gap(self, context: StreamContext, gap: Gap) -> None:
+        scrub = self.redaction.scrub
+        self._gaps.add(1, {sc.GAP_KIND: gap.kind.value, **context.attributes})
+        sessions = known_sessions(context)
+        attributes: dict[str, Any] = {
+            sc.GAP_KIND: gap.kind.value,
+            sc.GAP_EXPECTED: scrub(gap.expected, sessions),
+            sc.GAP_OBSERVED: scrub(gap.observed, sessions),
+            **context.attributes,
+        }
+        if gap.request_id is not None:
+            attributes[sc.JSONRPC_REQUEST_ID] = exported_request_id(gap.request_id)
+        if gap.method is not None:
+            attributes[sc.MCP_METHOD_NAME] = gap.method
+        span = context.span
+        if span is None or not span.is_recording():
+            span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event(sc.GAP_EVENT_NAME, attributes)
+        if not self._log_budget.take((gap.kind.value, context.facts.server)):
+            return
+        span_context = trace.set_span_in_context(span) if span.is_recording() else None
+        self._events_logger.emit(
+            event_name=sc.GAP_EVENT_NAME,
+            body=scrub(gap.message, sessions),
+            attributes=attributes,
+            context=span_context,
+            severity_number=SeverityNumber.WARN,
+            severity_text="WARN",
+        )
+
+    def finish(self, context: StreamContext, verdict: Verdict, previous: str | None) -> None:
+        """The attempt is over: one outcome, with every gap it had."""
+        outcome = verdict.outcome.value
+        base = {sc.RESUMPTION_OUTCOME: outcome, sc.MCP_TRANSPORT: context.transport}
+        server = server_attributes(context.facts)
+        self._attempts.add(
+            1,
+            {
+                **base,
+                sc.RESUMPTION_PREVIOUS_TRANSPORT: previous or sc.NO_PREVIOUS_TRANSPORT,
+                **server,
+            },
+        )
+        if context.started:
+            self._duration.record(
+                max(0.0, (context.decided or time.monotonic()) - context.started),
+                {**base, **server},
+            )
+        self._replayed.record(verdict.replayed_events, base)
+        span = context.span
+        if span is not None:
+            if span.is_recording():
+                scrub = self.redaction.scrub
+                span.set_attribute(sc.RESUMPTION_OUTCOME, outcome)
+                span.set_attribute(sc.RESUMPTION_REPLAYED_EVENTS, verdict.replayed_events)
+                sessions = known_sessions(context)
+                if verdict.first_event_id is not None:
+                    first = scrub(verdict.first_event_id, sessions)
+                    span.set_attribute(sc.RESUMPTION_FIRST_EVENT_ID, first)
+                if previous:
+                    span.set_attribute(sc.RESUMPTION_PREVIOUS_TRANSPORT, previous)
+                if verdict.outcome is Outcome.REJECTED:
+                    # error.type of an HTTP failure is its status code, as text
+                    status = (getattr(span, "attributes", None) or {}).get(
+                        sc.HTTP_RESPONSE_STATUS_CODE
+                    )
+                    span.set_attribute(sc.ERROR_TYPE, str(status) if status else "_OTHER")
+                if verdict.gaps:
+                    message = scrub(verdict.gaps[0].message, sessions)
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, message))
+            span.end()

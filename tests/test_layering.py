@@ -1,0 +1,108 @@
+"""The package reads top-down: the patches report to one owner, the owner
+asks the pure rules and tracker and writes through the telemetry sink, and
+no module imports a layer above its own (a patch imports the owner's type
+only, for its annotations)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = (
+    Path(__file__).resolve().parents[1] / "src" / "opentelemetry" / "instrumentation"
+    / "mcp_resumption"
+)
+
+# Each module and the package modules it must never import at run time.
+ABOVE = {
+    "continuity": {"tracker", "facts", "redaction", "deadlines", "telemetry", "monitor",
+                   "processor", "patches"},
+    "tracker": {"facts", "redaction", "deadlines", "telemetry", "monitor", "processor",
+                "patches"},
+    "facts": {"redaction", "deadlines", "telemetry", "monitor", "processor", "patches"},
+    "redaction": {"deadlines", "telemetry", "monitor", "processor", "patches"},
+    "deadlines": {"telemetry", "monitor", "processor", "patches"},
+    "telemetry": {"monitor", "processor", "patches"},
+    "monitor": {"processor", "patches"},
+    "processor": {"patches"},
+    "patches": {"monitor", "processor"},
+    "patches.http": {"monitor", "processor"},
+    "patches.sse": {"monitor", "processor", "patches.http"},
+    "patches.mcp_sdk": {"monitor", "processor", "patches.http", "patches.sse"},
+}
+
+
+def _runtime_imports(module: str) -> set[str]:
+    """The package modules ``module`` imports, outside ``if TYPE_CHECKING:``."""
+    path = PACKAGE / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = PACKAGE / module.replace(".", "/") / "__init__.py"
+    package = module.split(".")[:-1] if path.name != "__init__.py" else module.split(".")
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue  # annotations only
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = [*base, *(node.module.split(".") if node.module else [])]
+                if node.module:
+                    found.add(".".join(target))
+                for alias in node.names:  # ``from . import x`` and ``from .patches import y``
+                    found.add(".".join([*target, alias.name]))
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    visit(inner)
+
+    visit(tree.body)
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(ABOVE))
+def test_no_module_imports_a_layer_above_it(module):
+    imported = _runtime_imports(module)
+    upward = {name for name in imported if name in ABOVE[module]}
+    assert not upward, f"{module} imports {sorted(upward)}, a layer above it"
+
+
+def test_the_check_sees_imports():
+    """The checker itself finds what a module does import (else the test
+    above could never fail)."""
+    assert {"monitor", "redaction"} <= _runtime_imports("processor")
+    assert "monitor" not in _runtime_imports("patches.http")  # TYPE_CHECKING only
+    assert {"facts", "tracker"} <= _runtime_imports("patches.http")
+
+
+def test_no_patch_module_keeps_a_channel():
+    """No module-level mutable state between the patches and the owner: a
+    patch module binds at top level only functions, classes, constants,
+    lookup tables of constants, type aliases and its logger, and no function
+    rebinds a module global.  The one exception is the log-once de-dup of
+    ``patches.fault`` (a logging matter, the same for every owner)."""
+    allowed_calls = {"tuple", "frozenset", "TypeVar", "logging.getLogger"}
+    for path in sorted((PACKAGE / "patches").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            assert not isinstance(node, ast.Global), f"{path.name}: {ast.unparse(node)}"
+        for node in tree.body:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                continue
+            value = node.value
+            name = ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target)
+            if path.name == "__init__.py" and name == "_reported":
+                continue
+            where = f"{path.name}: {name} = {ast.unparse(value)}"
+            if isinstance(value, ast.Call):
+                assert ast.unparse(value.func) in allowed_calls, where
+            elif isinstance(value, ast.Dict):
+                assert value.keys and all(
+                    isinstance(part, ast.Constant) for part in (*value.keys, *value.values)
+                ), where
+            else:
+                assert not isinstance(value, (ast.List, ast.Set, ast.ListComp, ast.DictComp,
+                                              ast.SetComp)), where
