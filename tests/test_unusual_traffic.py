@@ -387,3 +387,33 @@ def test_a_declared_scheme_orders_what_the_shape_cannot(raw_server, flavour, mod
     declared_outcomes, declared_gaps, error = outcomes[r"evt(?P<counter>[0-9]+)"]
     assert declared_outcomes == {"gap": 1} and declared_gaps == {"id_regression": 1}
     assert (error is not None) == (mode == "enforce")
+
+
+@pytest.mark.parametrize(
+    ("raw", "session_headers"),
+    [
+        ("é-7".encode(), [b"s-1"]),  # UTF-8: httpx decodes the list as UTF-8
+        (b"\xe9-7", [b"s-1"]),  # not UTF-8: httpx falls back to latin-1
+        (b"e-7", [b"s-1", b"s-2"]),  # a repeated header: httpx joins the values
+    ],
+    ids=["utf-8", "latin-1", "repeated"],
+)
+def test_request_headers_read_as_httpx_reads_them(raw_server, telemetry, raw, session_headers):
+    """The patch reads a request's headers in one pass over the raw list;
+    what it records must be what ``Headers.get`` gives the application."""
+    import httpx
+
+    path = f"/headers-{next(_paths)}"
+    raw_server.reply(path, Reply(head(200, [SSE_TYPE, PROTOCOL]), (block("e-8", note(8)),)))
+    headers = [(b"last-event-id", raw), *((b"mcp-session-id", s) for s in session_headers)]
+    headers += [ACCEPT, PROTOCOL]
+    with telemetry.instrumented(session_id="raw"), httpx.Client() as client:
+        request = client.build_request("GET", raw_server.url + path, headers=headers)
+        response = client.send(request, stream=True)
+        response.read()
+        response.close()
+        expected_id = request.headers.get("last-event-id")
+        expected_session = request.headers.get("mcp-session-id")
+    [span] = telemetry.resume_spans()
+    assert span.attributes["mcp.resumption.last_event_id"] == expected_id
+    assert span.attributes["mcp.session.id"] == expected_session

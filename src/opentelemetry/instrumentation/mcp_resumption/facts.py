@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from . import semconv as sc
 from .continuity import ResumptionGapError
+from .jsonrpc import requests_in
 from .tracker import Stream, bounded_id
 
 # The query parameters a legacy (2024-11-05) server names the session with.
@@ -37,13 +38,28 @@ class RequestFacts:
     session_id: str | None = None  # Mcp-Session-Id header
     legacy_session_id: str | None = None  # sessionId / session_id query parameter
     protocol_version: str | None = None
-    # JSON-RPC (id key, method) in the body; None: a body that was not read
+    # JSON-RPC (id key, method) in the body; None: a body that was not read.
+    # Read through ledger(): the body may not be parsed yet.
     requests: list[tuple[str, str]] | None = field(default_factory=list)
     port: int | None = None  # server.port: with the address, what tells servers apart
     path: str = ""  # the URL path: the scope of a sessionless stream's event ids
     # The request itself shows MCP: an Mcp-Session-Id or MCP-Protocol-Version
     # header, a legacy session query parameter, or a JSON-RPC body.
     mcp: bool = True
+    # The query may name the legacy session (``?session_id=``): only then can
+    # the HTTP client span's URL attributes carry it.
+    query_names_session: bool = False
+    # A JSON-RPC body kept to be parsed when its requests are first needed:
+    # a POST answered with JSON never needs them, and the parse was a third
+    # of what the plugin added to such a request.
+    body: bytes | None = field(default=None, repr=False)
+
+    def ledger(self) -> list[tuple[str, str]] | None:
+        """The JSON-RPC requests in the body (see ``requests``)."""
+        if self.body is not None:
+            self.requests = requests_in(self.body)
+            self.body = None
+        return self.requests
 
 
 class StreamContext:

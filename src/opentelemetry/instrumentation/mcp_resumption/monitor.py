@@ -148,11 +148,12 @@ class ResumptionMonitor:
         # Per-task channels between the patches, one set per owner (an
         # owner lives for one instrument() cycle, so the few variables a
         # process ever makes stay few).
-        # Request facts for the HTTP client span that the httpx
-        # instrumentation opens inside the patched call; read in on_start.
-        self.request_scope: contextvars.ContextVar[Mapping[str, Any] | None] = (
-            contextvars.ContextVar("mcp_resumption_request_attributes", default=None)
-        )
+        # For the HTTP client span that the httpx instrumentation opens
+        # inside the patched call, read in on_start: its attributes, and
+        # whether its URL may name the legacy session.
+        self.request_scope: contextvars.ContextVar[
+            tuple[Mapping[str, Any] | None, bool] | None
+        ] = contextvars.ContextVar("mcp_resumption_request_attributes", default=None)
         # Hops parked by the reconnect loop of the running task (the MCP SDK
         # patch sets a list): when that loop returns, the client has stopped
         # following them.
@@ -272,9 +273,9 @@ class ResumptionMonitor:
         if resume is None and facts.last_event_id is not None:
             resume = self.begin_request(replace(facts, mcp=True))
         if not event_stream:
-            if facts.legacy_session_id and facts.requests != [] and status < 300:
+            if facts.legacy_session_id and status < 300 and (requests := facts.ledger()) != []:
                 # Legacy transport: the answer comes on the session's GET stream.
-                self.tracker.request_sent(facts.server, facts.legacy_session_id, facts.requests)
+                self.tracker.request_sent(facts.server, facts.legacy_session_id, requests)
             if resume is None:
                 return None
         if resume is not None and self._is_hop(facts, status, event_stream):
@@ -303,15 +304,16 @@ class ResumptionMonitor:
     ) -> StreamContext | None:
         transport = transport_of(facts, response_session_id)
         session_id = response_session_id or facts.session_id
-        if facts.requests != [] and event_stream:
-            self.tracker.request_sent(facts.server, session_id, facts.requests, facts.path)
+        requests = facts.ledger()
+        if requests != [] and event_stream:
+            self.tracker.request_sent(facts.server, session_id, requests, facts.path)
         stream = self.tracker.open_stream(
             facts.server,
             transport,
             session_id=session_id,
             request_session_id=facts.session_id,
             last_event_id=facts.last_event_id,
-            carries=[key for key, _ in facts.requests or ()],
+            carries=[key for key, _ in requests or ()],
             path=facts.path,
         )
         # Admitting a stream is what evicts one.

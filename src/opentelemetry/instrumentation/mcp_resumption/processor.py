@@ -60,11 +60,15 @@ class ContinuityProcessor(ResumptionMonitor, SpanProcessor):
         self._said_unattached = False
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        attributes = self.request_scope.get()
-        if attributes is not None and self.enabled and span.kind is SpanKind.CLIENT:
+        scoped = self.request_scope.get()
+        if scoped is None or not self.enabled or span.kind is not SpanKind.CLIENT:
+            return
+        attributes, query_names_session = scoped
+        if attributes:
             span.set_attributes(attributes)
-            if self.settings.redact_urls:  # also where session ids are omitted
-                redact_urls(span, attributes.get(sc.MCP_SESSION_ID) or "REDACTED")
+        if query_names_session and self.settings.redact_urls:  # also where ids are omitted
+            session = attributes.get(sc.MCP_SESSION_ID) if attributes else None
+            redact_urls(span, session or "REDACTED")
 
     def on_end(self, span: ReadableSpan) -> None:
         pass

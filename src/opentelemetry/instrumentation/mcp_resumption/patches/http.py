@@ -20,7 +20,6 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry import trace
 
 from ..facts import RequestFacts, StreamContext, legacy_session_in_query
-from ..jsonrpc import requests_in
 from ..tracker import bounded_id
 from . import Targets, guarded
 
@@ -33,8 +32,34 @@ MAX_HEADER_LENGTH = 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def _header(headers: Any, name: str) -> str | None:
-    value = headers.get(name)
+# The headers the plugin reads, found in one pass: httpx's ``Headers.get``
+# scans and decodes the whole list on each call, seven calls a request.
+_REQUEST_HEADERS = frozenset(
+    (b"last-event-id", b"mcp-session-id", b"mcp-protocol-version", b"accept", b"content-encoding")
+)
+_RESPONSE_HEADERS = frozenset((b"mcp-session-id", b"mcp-protocol-version", b"content-type"))
+
+
+def _headers(headers: Any, names: frozenset[bytes]) -> dict[bytes, str]:
+    """The values of ``names`` (lower case) in ``headers``, decoded as httpx
+    decodes them, a repeated header's values joined with ", " as
+    ``Headers.get`` joins them."""
+    found: dict[bytes, str] = {}
+    for key, value in headers.raw:
+        key = key.lower()
+        if key in names:
+            try:
+                text = value.decode("ascii")  # what any encoding makes of ASCII
+            except UnicodeDecodeError:
+                # httpx's choice for the whole list (ascii, utf-8, latin-1):
+                # working it out decodes every header, so only when needed
+                text = value.decode(headers.encoding)
+            found[key] = f"{found[key]}, {text}" if key in found else text
+    return found
+
+
+def _header(found: dict[bytes, str], name: bytes) -> str | None:
+    value = found.get(name)
     if value is None:
         return None
     value = value.strip()
@@ -42,32 +67,32 @@ def _header(headers: Any, name: str) -> str | None:
 
 
 def _body_requests(
-    owner: ResumptionMonitor, request: Any, mcp: bool
-) -> tuple[list[tuple[str, str]] | None, bool]:
-    """(the JSON-RPC requests in a POST body, whether it is JSON-RPC); the
-    requests are None where the body was not read: streamed (httpx raises
-    RequestNotRead), compressed, over the limit or, on a request that shows
-    MCP otherwise (``mcp``), not JSON."""
+    owner: ResumptionMonitor, request: Any, mcp: bool, encoding: str | None
+) -> tuple[list[tuple[str, str]] | None, bytes | None, bool]:
+    """(the JSON-RPC requests in a POST body, or the body to parse for them
+    when they are needed, and whether it is JSON-RPC); the requests are None
+    where the body was not read: streamed (httpx raises RequestNotRead),
+    compressed, over the limit or, on a request that shows MCP otherwise
+    (``mcp``), not JSON."""
     try:
         body = request.content
     except Exception:  # a streamed body: the hop of a redirect, or the caller's stream
         carried = owner.redirected.get(request)
         if carried is not None:
-            return carried, True
+            return carried, None, True
         # A bytes body re-sent as a stream can be read again without consuming
         # anything; any other stream is the caller's to read, not ours.
         body = getattr(getattr(request, "stream", None), "_stream", None)
         if not isinstance(body, bytes):
-            return None, False
+            return None, None, False
     if not body:
-        return [], False
+        return [], None, False
     jsonrpc = b'"jsonrpc"' in body
-    encoding = request.headers.get("content-encoding")
     if encoding and encoding.strip().lower() != "identity":
-        return None, False
+        return None, None, False
     if not jsonrpc and not mcp:
-        return [], False  # read, and not MCP: nothing to look for
-    return requests_in(body), jsonrpc
+        return [], None, False  # read, and not MCP: nothing to look for
+    return [], body, jsonrpc
 
 
 def request_facts(owner: ResumptionMonitor, request: Any) -> RequestFacts | None:
@@ -75,14 +100,14 @@ def request_facts(owner: ResumptionMonitor, request: Any) -> RequestFacts | None
     is left alone at the cost of a few header lookups.  ``mcp`` says whether
     the request shows MCP itself; if not, its answer has to (see
     ``ResumptionMonitor.end_request``)."""
-    headers = request.headers
-    last_event_id = _header(headers, "last-event-id")
-    session_id = bounded_id(_header(headers, "mcp-session-id"))
-    accept = headers.get("accept", "")
+    headers = _headers(request.headers, _REQUEST_HEADERS)
+    last_event_id = _header(headers, b"last-event-id")
+    session_id = bounded_id(_header(headers, b"mcp-session-id"))
+    accept = headers.get(b"accept", "")
     url = request.url
     query = url.query.decode("ascii", "replace") if isinstance(url.query, bytes) else url.query
     legacy_session_id = legacy_session_in_query(query) if query else None
-    protocol_version = _header(headers, "mcp-protocol-version")
+    protocol_version = _header(headers, b"mcp-protocol-version")
     # Inside the MCP SDK transport's reconnect loop (its patch opens the hop
     # scope), a resume is MCP even before any session: an explicit
     # resumption token is sent with no header that shows it.
@@ -91,17 +116,20 @@ def request_facts(owner: ResumptionMonitor, request: Any) -> RequestFacts | None
     )
     method = request.method
     requests: list[tuple[str, str]] | None = []
+    body = None
     if method == "POST" and (mcp or "text/event-stream" in accept):
-        requests, jsonrpc = _body_requests(owner, request, mcp)
+        encoding = headers.get(b"content-encoding")
+        requests, body, jsonrpc = _body_requests(owner, request, mcp, encoding)
         mcp = mcp or jsonrpc
     if not (mcp or last_event_id or "text/event-stream" in accept):
         return None
     host = url.host or ""
+    port = url.port
     return RequestFacts(
         method=method,
-        server=f"{host}:{url.port}" if url.port else host,
+        server=f"{host}:{port}" if port else host,
         host=host,
-        port=url.port or _DEFAULT_PORTS.get(url.scheme),
+        port=port or _DEFAULT_PORTS.get(url.scheme),
         last_event_id=last_event_id,
         session_id=session_id,
         legacy_session_id=legacy_session_id,
@@ -109,6 +137,8 @@ def request_facts(owner: ResumptionMonitor, request: Any) -> RequestFacts | None
         requests=requests,
         path=url.path,
         mcp=mcp,
+        query_names_session=bool(query) and "ession" in query,
+        body=body,
     )
 
 
@@ -133,18 +163,18 @@ def _span_scope(resume: Any):
 def _observe_response(
     owner: ResumptionMonitor, facts: RequestFacts, resume: Any, response: Any
 ) -> None:
-    headers = response.headers
+    headers = _headers(response.headers, _RESPONSE_HEADERS)
     next_request = getattr(response, "next_request", None)
-    if next_request is not None and facts.requests:
-        owner.redirected[next_request] = facts.requests
-    content_type = headers.get("content-type", "")
+    if next_request is not None and (requests := facts.ledger()):
+        owner.redirected[next_request] = requests
+    content_type = headers.get(b"content-type", "")
     context = owner.end_request(
         facts,
         resume,
         response.status_code,
-        bounded_id(_header(headers, "mcp-session-id")),
+        bounded_id(_header(headers, b"mcp-session-id")),
         content_type.split(";", 1)[0].strip().lower() == "text/event-stream",
-        response_mcp="mcp-protocol-version" in headers,
+        response_mcp=b"mcp-protocol-version" in headers,
     )
     if context is not None:
         owner.streams[response] = context
@@ -166,7 +196,7 @@ def _send(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     facts, resume, attributes = prepared
     request_scope = owner.request_scope
-    token = request_scope.set(attributes)
+    token = request_scope.set((attributes, facts.query_names_session))
     try:
         with _span_scope(resume):
             response = wrapped(*args, **kwargs)
@@ -185,7 +215,7 @@ async def _async_send(owner: ResumptionMonitor, wrapped, instance, args, kwargs)
         return await wrapped(*args, **kwargs)
     facts, resume, attributes = prepared
     request_scope = owner.request_scope
-    token = request_scope.set(attributes)
+    token = request_scope.set((attributes, facts.query_names_session))
     try:
         with _span_scope(resume):
             response = await wrapped(*args, **kwargs)
