@@ -1,0 +1,113 @@
+"""The plugin's CPU per MCP POST without the network, in one interleaved run.
+
+    PYTHONPATH=src .venv-mcp2/bin/python benchmarks/post_in_process.py [--rounds N] [--posts N]
+
+The network rows of ``run.py`` time a POST over loopback to a server in
+another process, where one request costs ~1 ms of client CPU and the spread
+between rounds is tens of µs: more than the plugin's share.  Here httpx's
+``MockTransport`` answers in the same process, so a POST costs ~100 µs and the
+plugin's share stands out.  Two answers, as an MCP streamable-HTTP server
+gives them: ``application/json``, and an SSE stream of one event (the result,
+read with httpx-sse).
+
+The configurations are run.py's (``configs.py``), interleaved in each round;
+medians over rounds of the process CPU time per POST, and the plugin's
+difference to ``httpx-instr`` (the httpx instrumentation alone; it does not
+wrap ``MockTransport``, so no client span is made and this is the plugin's
+own request path: facts, ledger, stream open and close).  The target of
+issue 13 (≤ 25 µs per POST over httpx-instr) is marked PASS or MISS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import httpx_sse
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from configs import CONFIGS, configured
+
+TARGET_US = 25.0
+SESSION = "3f1c2a9e8b7d4c6f9e0a1b2c3d4e5f60"
+HEADERS = {
+    "mcp-session-id": SESSION,
+    "accept": "application/json, text/event-stream",
+    "content-type": "application/json",
+    "mcp-protocol-version": "2025-06-18",
+}
+
+
+def _result(request_id: int) -> str:
+    content = [{"type": "text", "text": "ok"}]
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"content": content}})
+
+
+def _answer(request: httpx.Request) -> httpx.Response:
+    request_id = json.loads(request.content)["id"]
+    if request.url.path.endswith("/json"):
+        headers = {"content-type": "application/json", "mcp-session-id": SESSION}
+        return httpx.Response(200, headers=headers, content=_result(request_id).encode())
+    body = f"id: {request_id}\ndata: {_result(request_id)}\n\n".encode()
+    headers = {"content-type": "text/event-stream", "mcp-session-id": SESSION}
+    return httpx.Response(200, headers=headers, content=body)
+
+
+def _body(request_id: int) -> bytes:
+    params = {"name": "search", "arguments": {"query": "quarterly revenue"}}
+    message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+    return json.dumps(message).encode()
+
+
+def _posts(kind: str, count: int) -> float:
+    """CPU µs per POST of ``count`` POSTs on one client and session."""
+    client = httpx.Client(transport=httpx.MockTransport(_answer))
+    url = "http://127.0.0.1:8000/mcp"
+    started = time.process_time()
+    for request_id in range(1, count + 1):
+        if kind == "json":
+            client.post(url + "/json", headers=HEADERS, content=_body(request_id)).read()
+        else:
+            with httpx_sse.connect_sse(
+                client, "POST", url, headers=HEADERS, content=_body(request_id)
+            ) as source:
+                events = list(source.iter_sse())
+            assert len(events) == 1, events
+    client.close()
+    return (time.process_time() - started) / count * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--posts", type=int, default=2000)
+    args = parser.parse_args()
+    kinds = {"json": "POST→json", "sse": "POST→sse (httpx-sse)"}
+    per = {(kind, config): [] for kind in kinds for config in CONFIGS}
+    for _ in range(args.rounds):
+        for kind in kinds:
+            for config in CONFIGS:
+                with configured(config):
+                    _posts(kind, args.posts // 10)  # warm: imports, pools, caches
+                    per[kind, config].append(_posts(kind, args.posts))
+    print(f"{args.rounds} rounds of {args.posts} POSTs, python {sys.version.split()[0]}\n")
+    print("| request | configuration | CPU µs/POST | vs httpx-instr | target | verdict |")
+    print("|---|---|---:|---:|---|---|")
+    for kind, label in kinds.items():
+        baseline = statistics.median(per[kind, "httpx-instr"])
+        for config in CONFIGS:
+            value = statistics.median(per[kind, config])
+            added = value - baseline
+            judged = config == "ours"
+            target = f"≤ {TARGET_US:g} µs" if judged else ""
+            verdict = ("PASS" if added <= TARGET_US else "MISS") if judged else ""
+            print(f"| {label} | {config} | {value:,.1f} | {added:+.1f} | {target} | {verdict} |")
+
+
+if __name__ == "__main__":
+    main()
