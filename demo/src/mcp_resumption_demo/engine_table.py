@@ -55,6 +55,18 @@ def _legacy(tracker: Tracker, session: str, ids: list[str]) -> Stream:
     return stream
 
 
+def _resumed(tracker, session, ids, answered, kinds, outcomes) -> Stream:
+    """A legacy stream of ``ids`` in ``session``, all of it consumed, then its
+    resume on streamable HTTP from the last id, answered 200 in ``answered``."""
+    old = _legacy(tracker, session, ids)
+    tracker.event_consumed(old)
+    resumed = tracker.open_stream(
+        SERVER, "streamable-http", session_id=session, last_event_id=ids[-1]
+    )
+    _collect(tracker.response(resumed, 200, answered), kinds, outcomes)
+    return resumed
+
+
 def _migration_reset(tracker, kinds, outcomes):
     old = _legacy(tracker, "legacy-7f3a", [str(n) for n in range(4817, 4822)])
     tracker.event_consumed(old)
@@ -65,10 +77,8 @@ def _migration_reset(tracker, kinds, outcomes):
 
 
 def _shared_allocator_reuse(tracker, kinds, outcomes):
-    old = _legacy(tracker, "s-12", [str(n) for n in range(1, 10)])
-    tracker.event_consumed(old)
-    resumed = tracker.open_stream(SERVER, "streamable-http", session_id="s-12", last_event_id="9")
-    _collect(tracker.response(resumed, 200, "s-12"), kinds, outcomes)
+    ids = [str(n) for n in range(1, 10)]
+    resumed = _resumed(tracker, "s-12", ids, "s-12", kinds, outcomes)
     _read(tracker, resumed, [("9", _note("per-session 9")), ("10", _note(10))], kinds, outcomes)
 
 
@@ -89,34 +99,22 @@ def _drain_race(tracker, kinds, outcomes):
 
 
 def _empty_replay(tracker, kinds, outcomes):
-    old = _legacy(tracker, "s-5", ["e-1", "e-2"])
-    tracker.event_consumed(old)
-    resumed = tracker.open_stream(SERVER, "streamable-http", session_id="s-5", last_event_id="e-2")
-    _collect(tracker.response(resumed, 200, "s-5"), kinds, outcomes)
+    resumed = _resumed(tracker, "s-5", ["e-1", "e-2"], "s-5", kinds, outcomes)
     _collect(tracker.stream_ended(resumed, "the stream ended"), kinds, outcomes)
 
 
 def _faithful(tracker, kinds, outcomes):
-    old = _legacy(tracker, "s-9", ["e-1", "e-2"])
-    tracker.event_consumed(old)
-    resumed = tracker.open_stream(SERVER, "streamable-http", session_id="s-9", last_event_id="e-2")
-    _collect(tracker.response(resumed, 200, "s-9"), kinds, outcomes)
+    resumed = _resumed(tracker, "s-9", ["e-1", "e-2"], "s-9", kinds, outcomes)
     _read(tracker, resumed, [("e-3", _note(3))], kinds, outcomes)
 
 
 def _caught_up(tracker, kinds, outcomes):
-    old = _legacy(tracker, "s-3", ["e-1", "e-2"])
-    tracker.event_consumed(old)
-    resumed = tracker.open_stream(SERVER, "streamable-http", session_id="s-3", last_event_id="e-2")
-    _collect(tracker.response(resumed, 200, "s-3"), kinds, outcomes)
+    resumed = _resumed(tracker, "s-3", ["e-1", "e-2"], "s-3", kinds, outcomes)
     _read(tracker, resumed, [("e-3", "")], kinds, outcomes)  # priming event
 
 
 def _reinitialize(tracker, kinds, outcomes):
-    old = _legacy(tracker, "s-4", ["e-1", "e-2"])
-    tracker.event_consumed(old)
-    resumed = tracker.open_stream(SERVER, "streamable-http", session_id="s-4", last_event_id="e-2")
-    _collect(tracker.response(resumed, 200, "other"), kinds, outcomes)
+    resumed = _resumed(tracker, "s-4", ["e-1", "e-2"], "other", kinds, outcomes)
     _collect(tracker.stream_ended(resumed, "closed", closed_by_client=True), kinds, outcomes)
 
 
