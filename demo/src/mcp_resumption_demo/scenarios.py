@@ -767,20 +767,24 @@ async def _reinitialize() -> ScenarioWire:
                 session_id=client.session_id,
                 read=False,
             )
-        wire.resumes.append(attempt)
-        if attempt.session_id_received != wire.session_id_before:
-            await _reinitialize_with_sdk(router, wire)
-        wire.exchanges = router.exchanges
-        return wire
+        reinitialize = attempt.session_id_received != wire.session_id_before
+        return await _resumed_or_reinitialized(router, wire, attempt, reinitialize=reinitialize)
 
 
-async def _reinitialize_with_sdk(router: Router, wire: ScenarioWire) -> None:
-    """Start a clean session with initialize (the SDK client), as the seeds prescribe."""
-    start = len(router.exchanges)
-    async with sdk_streamable_session(f"{router.url}/mcp") as session:
-        await session.list_tools()
-    wire.reinitialized = True
-    wire.session_id_after = _initialize_session(router.exchanges, after=start)
+async def _resumed_or_reinitialized(
+    router: Router, wire: ScenarioWire, attempt: ResumeAttempt, *, reinitialize: bool
+) -> ScenarioWire:
+    """The row's one resume; then, where the client saw it must, a clean
+    session with initialize (the SDK client), as the seeds prescribe."""
+    wire.resumes.append(attempt)
+    if reinitialize:
+        start = len(router.exchanges)
+        async with sdk_streamable_session(f"{router.url}/mcp") as session:
+            await session.list_tools()
+        wire.reinitialized = True
+        wire.session_id_after = _initialize_session(router.exchanges, after=start)
+    wire.exchanges = router.exchanges
+    return wire
 
 
 async def _expired_session_404() -> ScenarioWire:
@@ -808,11 +812,9 @@ async def _expired_session_404() -> ScenarioWire:
                 session_id=client.session_id,
                 protocol_version=SESSION_PROTOCOL_VERSION,
             )
-        wire.resumes.append(attempt)
-        if attempt.status == 404:
-            await _reinitialize_with_sdk(router, wire)
-        wire.exchanges = router.exchanges
-        return wire
+        return await _resumed_or_reinitialized(
+            router, wire, attempt, reinitialize=attempt.status == 404
+        )
 
 
 _SCENARIOS: Final = (

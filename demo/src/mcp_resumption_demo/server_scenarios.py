@@ -24,8 +24,8 @@ from .scenarios import (
     Scenario,
     ScenarioWire,
     _RawStreamable,
-    _reinitialize_with_sdk,
     _resume,
+    _resumed_or_reinitialized,
     _sdk_cut_call,
     _staged,
 )
@@ -79,11 +79,9 @@ async def _store_reset_guarded() -> ScenarioWire:
                     session_id=client.session_id,
                     protocol_version=SESSION_PROTOCOL_VERSION,
                 )
-            wire.resumes.append(attempt)
-            if attempt.status == 410:
-                await _reinitialize_with_sdk(router, wire)
-            wire.exchanges = router.exchanges
-            return wire
+            return await _resumed_or_reinitialized(
+                router, wire, attempt, reinitialize=attempt.status == 410
+            )
 
 
 SCENARIOS = (
