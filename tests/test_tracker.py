@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.instrumentation.mcp_resumption.continuity import Outcome
 from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
 from opentelemetry.instrumentation.mcp_resumption.tracker import NOTHING as NOTHING_STEP
-from opentelemetry.instrumentation.mcp_resumption.tracker import Tracker
+from opentelemetry.instrumentation.mcp_resumption.tracker import SENT_TRIM, SENT_WINDOW, Tracker
 from tracker_scenarios import (
     INCLUSIVE,
     MARKER,
@@ -525,6 +525,32 @@ def test_an_unread_request_body_makes_the_ledger_unknown():
     t.response(resumed, 200, "s-u")
     step = t.event_received(resumed, "3", result(77, 3))
     assert step.gaps == () and step.verdict.outcome is Outcome.RESUMED
+
+
+@pytest.mark.parametrize(
+    ("requests_sent", "foreign"),
+    [(SENT_WINDOW, True), (SENT_WINDOW + SENT_TRIM, True), (SENT_WINDOW + SENT_TRIM + 1, False)],
+)
+def test_the_ledger_proves_a_response_foreign_while_it_keeps_every_request(
+    requests_sent, foreign
+):
+    """A session remembers at least SENT_WINDOW request ids and forgets the
+    oldest in batches; once it forgot one, no response is provably foreign."""
+    t = Tracker()
+    stream = t.open_stream(SERVER, "streamable-http", session_id="s-w")
+    for n in range(1, requests_sent + 1):
+        t.request_sent(SERVER, "s-w", [(str(n), "ping")])
+    for n in (1, 2):
+        t.event_received(stream, str(n), notification(n))
+    t.event_consumed(stream)
+    t.stream_ended(stream, "reset")
+    resumed = t.open_stream(SERVER, "streamable-http", session_id="s-w", last_event_id="2")
+    t.response(resumed, 200, "s-w")
+    kinds = {gap.kind.value for gap in t.event_received(resumed, "3", result(10**6, 3)).gaps}
+    assert kinds == ({"foreign_replay"} if foreign else set())
+    # the oldest request is still known as long as the ledger is exact
+    step = t.event_received(resumed, "4", result(1, 4))
+    assert "foreign_replay" not in {gap.kind.value for gap in step.gaps}
 
 
 def test_an_unread_response_leaves_no_request_provably_orphaned():

@@ -49,7 +49,11 @@ from .jsonrpc import canonical_digest, is_message, responses_in
 
 SEEN_WINDOW = 16  # event ids remembered per session, for id_reused
 MAX_REQUESTS = 256  # in-flight JSON-RPC requests remembered per session
-SENT_WINDOW = 512  # request ids remembered per session, for foreign_replay
+SENT_WINDOW = 512  # request ids remembered per session (at least), for foreign_replay
+# A session that sent more keeps them in a list, trimmed by this many at a
+# time: one copy per SENT_TRIM requests, not a copy of the window per request.
+SENT_TRIM = 64
+_SENT_AS_TUPLE = 16
 
 SSE = "sse"
 STREAMABLE_HTTP = "streamable-http"
@@ -249,9 +253,9 @@ class Session:
         # request key -> key of the resumed stream that ended holding it: its
         # lineage's deadline may orphan it only while no later stream took it
         self.holders: dict[str, int] | None = None
-        # request keys sent, oldest first; a tuple (smaller than a list of
-        # one, the common case), searched only at a resume
-        self.sent: tuple[str, ...] | None = None
+        # request keys sent, oldest first, searched only at a resume: a tuple
+        # while few (smaller than a list of one, the common case), then a list
+        self.sent: tuple[str, ...] | list[str] | None = None
         # Requests were sent that the ledger does not know: it forgot the
         # oldest, or a body was not read (too large, streamed, not JSON).
         self.ledger_unknown = False
@@ -461,11 +465,18 @@ class Tracker:
                     session.pending = {}
                 if len(session.pending) < MAX_REQUESTS:
                     session.pending[key] = (method, None)
-                sent = (*(session.sent or ()), key)
-                if len(sent) > SENT_WINDOW:
-                    sent = sent[1:]
-                    session.ledger_unknown = True
-                session.sent = sent
+                sent = session.sent
+                if sent is None:
+                    session.sent = (key,)
+                elif type(sent) is tuple and len(sent) < _SENT_AS_TUPLE:
+                    session.sent = (*sent, key)
+                else:
+                    if type(sent) is tuple:
+                        sent = session.sent = list(sent)
+                    sent.append(key)
+                    if len(sent) > SENT_WINDOW + SENT_TRIM:
+                        del sent[:SENT_TRIM]
+                        session.ledger_unknown = True
 
     # ----------------------------------------------------------- streams
 
