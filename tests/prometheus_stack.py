@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -154,8 +155,10 @@ class ScrapedDemo:
                 "--prometheus-port", str(metrics_port), "--hold", "3600"]  # fmt: skip
         for name in scenarios or []:
             args += ["--scenario", name]
+        # Its stderr (progress lines, a one-line error) kept to say why, if it fails.
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in close())
         self.process = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            args, stdout=subprocess.PIPE, stderr=self._stderr, text=True
         )
         self.rows: list[dict] = json.loads(self._read_json())
         assert all(row["pass"] for row in self.rows), self.rows
@@ -167,7 +170,12 @@ class ScrapedDemo:
             lines.append(line)
             if line.rstrip() == "]":
                 return "".join(lines)
-        raise AssertionError("the demo ended without its JSON: " + "".join(lines))
+        self.process.wait()
+        self._stderr.seek(0)
+        raise AssertionError(
+            f"the demo ended (exit code {self.process.returncode}) without its JSON: "
+            f"{''.join(lines)!r}; its stderr:\n{self._stderr.read()[-4000:]}"
+        )
 
     @property
     def attempts(self) -> int:
@@ -176,3 +184,4 @@ class ScrapedDemo:
 
     def close(self) -> None:
         _stop(self.process)
+        self._stderr.close()

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,45 @@ def test_a_busy_prometheus_port_is_one_line_and_runs_nothing():
         port = busy.getsockname()[1]
         result = cli("demo", "--prometheus-port", str(port), "--scenario", "caught_up_priming")
     one_line_error(result, f"127.0.0.1:{port} is already in use", "--prometheus-port")
+
+
+def test_the_ports_announced_for_a_scrape_stay_the_demos_until_its_routers_use_them():
+    """With --prometheus-port the routers' ports are announced (their series
+    at 0) before the scenarios run; a port merely picked and released then
+    could be taken meanwhile by any program's connection, and the demo failed
+    when its router came to listen.  Each announced port is held: binding it
+    from outside fails, and the demo still runs its scenarios."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    names = ("caught_up_priming", "faithful_resume_int")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTHONPATH"))}
+    demo = subprocess.Popen(
+        [str(COMMAND), "demo", "--prometheus-port", str(metrics_port),
+         *(arg for name in names for arg in ("--scenario", name))],
+        env=clean, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert demo.stderr is not None
+        for line in demo.stderr:
+            if line.startswith("waiting for a scrape"):
+                break
+        else:
+            raise AssertionError("the demo never waited for a scrape")
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as answer:  # the scrape it waits for
+            exposition = answer.read().decode()
+        ports = sorted({int(port) for port in re.findall(r'server_port="(\d+)"', exposition)})
+        assert len(ports) == len(names), exposition
+        for port in ports:
+            with socket.socket() as intruder, pytest.raises(OSError):
+                intruder.bind(("127.0.0.1", port))
+        stdout, stderr = demo.communicate(timeout=120)
+    finally:
+        demo.kill()
+        demo.wait()
+    assert demo.returncode == 0, stdout + stderr
+    assert f"{len(names)} of {len(names)} scenarios match their ground truth" in stdout
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -330,8 +331,12 @@ class Router:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def start(self, port: int = 0) -> Router:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", port)
+    async def start(self, sock: socket.socket | None = None) -> Router:
+        """Listen on ``sock`` (bound, not yet listening), else on any free port."""
+        if sock is None:
+            self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        else:
+            self._server = await asyncio.start_server(self._accept, sock=sock)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 

@@ -166,10 +166,10 @@ def _prometheus_reader(port: int, scrapes: _Scrapes) -> MetricReader:
     return CountingReader()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _reserved_socket() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 def _announce_servers(
@@ -178,15 +178,14 @@ def _announce_servers(
     """A real client knows its servers long before a stream breaks, and
     Prometheus has scraped their counters at 0 by then; the demo's scenarios
     break their streams within a second of the first request.  So, for a
-    scrape, the routers' ports are chosen up front, their servers are seen
+    scrape, the routers' ports are reserved up front, their servers are seen
     (every series at 0), and the scenarios start once a scrape has read that:
     otherwise each first count would be a series born at 1, which increase()
     cannot see."""
-    ports = [_free_port() for _ in range(count)]
-    scenarios.router_ports[:] = ports
+    scenarios.router_sockets[:] = [_reserved_socket() for _ in range(count)]
     before = scrapes.count
-    for port in ports:
-        instrumentor.processor.server_seen("127.0.0.1", port)
+    for sock in scenarios.router_sockets:
+        instrumentor.processor.server_seen("127.0.0.1", sock.getsockname()[1])
     print("waiting for a scrape of the metrics endpoint ...", file=sys.stderr, flush=True)
     if not scrapes.wait_after(before, FIRST_SCRAPE_TIMEOUT):
         print(
@@ -341,7 +340,9 @@ def run(
             _progress(f"holding the metrics endpoint on 127.0.0.1:{prometheus_port} for {hold:g} s")
             time.sleep(hold)
     finally:
-        scenarios.router_ports[:] = []
+        for sock in scenarios.router_sockets:  # reserved for scenarios that did not run
+            sock.close()
+        scenarios.router_sockets[:] = []
         instrumentor.uninstrument()
         for provider in (tracer_provider, meter_provider, logger_provider):
             provider.shutdown()

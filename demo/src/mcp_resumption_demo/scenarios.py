@@ -26,6 +26,7 @@ import contextlib
 import functools
 import importlib
 import itertools
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -181,10 +182,12 @@ class Scenario:
 
 # -- staging: servers, router, teardown -------------------------------------------------
 
-# Ports the next scenarios' routers listen on, in order (the runner reserves
-# them to announce the servers before a scrape); empty: any free port.  The
-# router is what the client connects to, so its port is the server.port.
-router_ports: list[int] = []
+# Sockets, bound and held, that the next scenarios' routers listen on, in
+# order (the runner reserves their ports to announce the servers before a
+# scrape: held, so that no other program takes a port meanwhile); empty: any
+# free port.  The router is what the client connects to, so its port is the
+# server.port.
+router_sockets: list[socket.socket] = []
 last_router_port = 0
 
 
@@ -203,8 +206,8 @@ class _Stage:
 
     async def route(self, policy: Policy) -> Router:
         global last_router_port
-        port, router_ports[:] = (router_ports[0], router_ports[1:]) if router_ports else (0, [])
-        self.router = await Router(policy).start(port)
+        sock = router_sockets.pop(0) if router_sockets else None
+        self.router = await Router(policy).start(sock)
         last_router_port = self.router.port
         return self.router
 
