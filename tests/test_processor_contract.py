@@ -179,6 +179,30 @@ def test_evictions_are_counted_when_they_happen(server, telemetry):
     assert point.value == 3
 
 
+def test_evictions_add_up_over_instrument_cycles(server, telemetry):
+    """The counter is read at collection from each owner's tracker; an owner
+    that closed keeps what it counted."""
+
+    def stream(request, body):
+        return 200, {"mcp-session-id": request.query_params["s"]}, [sse("1", "{}")]
+
+    def evicted() -> int:
+        [point] = telemetry.points("mcp.client.resumption.evicted_streams")
+        return int(point.value)
+
+    server.on("GET", "/cycle", stream)
+    for cycle in range(3):
+        with telemetry.instrumented(max_streams=2), httpx.Client(base_url=server.url) as http:
+            for n in range(5):
+                session = f"c{cycle}-{n}"
+                url = f"/cycle?s={session}"
+                headers = {"mcp-session-id": session}
+                with httpx_sse.connect_sse(http, "GET", url, headers=headers) as source:
+                    list(source.iter_sse())
+            assert evicted() == 3 * (cycle + 1), "read while the cycle's owner is open"
+        assert evicted() == 3 * (cycle + 1), "read once it closed"
+
+
 def test_stream_events_are_counted_exactly(server, telemetry):
     def many(request, body):
         return 200, {"mcp-session-id": "s-many"}, [sse(str(n), "{}") for n in range(1, 151)]

@@ -123,6 +123,7 @@ class ResumptionMonitor:
             meter_provider=meter_provider,
             logger_provider=logger_provider,
         )
+        self._evictions_token = self.telemetry.evictions.watch(self.tracker)
         self._deadlines = Deadlines()
         # stream key -> context of an ended attempt still open for its lineage
         self._held: dict[int, StreamContext] = {}
@@ -183,6 +184,7 @@ class ResumptionMonitor:
         reports made and the timer stopped."""
         self.enabled = False
         self.telemetry.event_totals.freeze()
+        self.telemetry.evictions.unwatch(self._evictions_token, self.tracker.evicted_streams)
         self._deferred.close()
         self._deadlines.close()
 
@@ -316,8 +318,6 @@ class ResumptionMonitor:
             carries=[key for key, _ in requests or ()],
             path=facts.path,
         )
-        # Admitting a stream is what evicts one.
-        self.telemetry.report_evictions(self.tracker.evicted_streams)
         self._deferred.start()  # its iterator may be finalised by the GC
         # This resume took over the requests that earlier attempts handed to
         # the lineage: those attempts are over, with the gaps they had.

@@ -6,13 +6,14 @@ and metrics.
 The owner (``monitor.ResumptionMonitor``) decides; this module only writes:
 the ``mcp.resume`` span, ``resumption.gap`` span and log events (rate
 limited per gap kind and server), the attempt, gap, duration and replay
-metrics, the observable event totals, and the evicted-streams counter.
+metrics, and the observable event totals and evicted-streams counter.
 Every exported text goes through the owner's session-id policy
 (``redaction.Redaction``).  It imports nothing above it: no patch, no owner.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import weakref
@@ -111,6 +112,52 @@ class EventTotals:
         return observations
 
 
+class Evictions:
+    """Streams the trackers dropped at their bound, reported by the
+    observable counter ``mcp.client.resumption.evicted_streams``: read at
+    collection, where a ``Counter.add`` at each admission cost ~4 us per
+    stream to a client that runs at the bound.  Every owner of a
+    MeterProvider's instruments watches its tracker here (weakly: an owner
+    dropped unclosed keeps the count it was last read with).  A series from
+    the start, as "none evicted" is an answer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens = itertools.count()
+        self._trackers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self._last_read: dict[int, int] = {}
+        self._of_the_gone = 0
+        renew_after_fork(self)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+    def watch(self, tracker: Any) -> int:
+        """Count ``tracker``'s evictions; returns its token for ``unwatch``."""
+        token = next(self._tokens)
+        with self._lock:
+            self._trackers[token] = tracker
+            self._last_read[token] = 0
+        return token
+
+    def unwatch(self, token: int, evicted: int) -> None:
+        """The tracker's owner closed, having evicted ``evicted`` streams."""
+        with self._lock:
+            if self._last_read.pop(token, None) is not None:
+                self._of_the_gone += evicted
+            self._trackers.pop(token, None)
+
+    def observe(self, options: CallbackOptions) -> list[Observation]:
+        with self._lock:
+            for token in list(self._last_read):
+                tracker = self._trackers.get(token)
+                if tracker is None:
+                    self._of_the_gone += self._last_read.pop(token)
+                else:
+                    self._last_read[token] = tracker.evicted_streams
+            return [Observation(self._of_the_gone + sum(self._last_read.values()))]
+
+
 class LogBudget:
     """How many ``resumption.gap`` log records a (gap kind, server) may still
     write: a server answering thousands of unknown ids would otherwise write
@@ -158,8 +205,11 @@ class Instruments:
         meter.create_observable_counter(
             name, callbacks=[self.event_totals.observe], unit=unit, description=description
         )
-        self.evicted = meter.create_counter(*sc.EVICTED_STREAMS)
-        self.evicted.add(0)  # a series from the start: "none evicted" is an answer
+        self.evictions = Evictions()
+        name, unit, description = sc.EVICTED_STREAMS
+        meter.create_observable_counter(
+            name, callbacks=[self.evictions.observe], unit=unit, description=description
+        )
 
 
 # One Instruments per MeterProvider, for as long as the provider lives: a
@@ -218,8 +268,7 @@ class TelemetrySink:
         self._duration = instruments.duration
         self._replayed = instruments.replayed
         self.event_totals = instruments.event_totals
-        self._evicted = instruments.evicted
-        self._evicted_reported = 0
+        self.evictions = instruments.evictions
         self._events_logger = get_logger(
             sc.INSTRUMENTATION_NAME,
             __version__,
@@ -298,12 +347,6 @@ class TelemetrySink:
             self.event_totals.add(context.events_key, uncounted)
             context.uncounted = 0
         context.counted_at = time.monotonic()
-
-    def report_evictions(self, evicted: int) -> None:
-        """``evicted``: the tracker's count of evicted streams so far."""
-        if evicted > self._evicted_reported:
-            self._evicted.add(evicted - self._evicted_reported)
-            self._evicted_reported = evicted
 
     # ------------------------------------------------------ gaps and outcomes
 
