@@ -42,8 +42,9 @@ def _httpx_instrumentors() -> list[Any]:
 
 
 @contextlib.contextmanager
-def configured(name: str) -> Iterator[Any]:
-    """Yields our ContinuityProcessor where the configuration has one, else None."""
+def configured(name: str, **settings: Any) -> Iterator[Any]:
+    """Yields our ContinuityProcessor where the configuration has one, else
+    None; ``settings`` go to our instrument() (e.g. ``max_streams``)."""
     if name == "bare":
         yield None
         return
@@ -61,7 +62,7 @@ def configured(name: str) -> Iterator[Any]:
         from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 
         ours = McpResumptionInstrumentor()
-        ours.instrument(**providers, logger_provider=logger_provider)
+        ours.instrument(**providers, logger_provider=logger_provider, **settings)
         instrumentors.append(ours)
         processor = ours.processor
     try:

@@ -17,6 +17,10 @@ The configurations are run.py's (``configs.py``), interleaved in each round;
 medians over rounds of the process CPU time per POST, and the plugin's
 difference to ``httpx-instr`` (the httpx instrumentation alone).  The target
 of issue 13 (≤ 25 µs per POST over httpx-instr) is marked PASS or MISS.
+
+The third row is the SSE answer again with the plugin at its bound of tracked
+streams (``max_streams=64``): each new stream evicts one, as in a client that
+has run for more than OTEL_PYTHON_MCP_RESUMPTION_MAX_STREAMS (10,000) streams.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from configs import CONFIGS, configured
 
 TARGET_US = 25.0
+BOUND = 64  # tracked streams, for the row at the bound
 SESSION = "3f1c2a9e8b7d4c6f9e0a1b2c3d4e5f60"
 HEADERS = {
     "mcp-session-id": SESSION,
@@ -98,12 +103,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--posts", type=int, default=2000)
     args = parser.parse_args()
-    kinds = {"json": "POST→json", "sse": "POST→sse (httpx-sse)"}
+    kinds = {
+        "json": "POST→json",
+        "sse": "POST→sse (httpx-sse)",
+        "sse at the bound": "POST→sse, every stream evicts one",
+    }
     per = {(kind, config): [] for kind in kinds for config in CONFIGS}
     for _ in range(args.rounds):
         for kind in kinds:
             for config in CONFIGS:
-                with configured(config):
+                settings = {"max_streams": BOUND} if kind == "sse at the bound" else {}
+                with configured(config, **settings):
                     _posts(kind, args.posts // 10)  # warm: imports, pools, caches
                     per[kind, config].append(_posts(kind, args.posts))
     print(f"{args.rounds} rounds of {args.posts} POSTs, python {sys.version.split()[0]}\n")
