@@ -1,0 +1,32 @@
+"""The in-process per-POST benchmarks run, shortened, and print every row
+they judge (``benchmarks/README.md``, "Per POST without the network")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _run(script: str) -> str:
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--rounds", "1", "--posts", "30"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
+
+
+def test_post_in_process_judges_each_answer_and_the_bound():
+    out = _run("post_in_process.py")
+    for request in ("POST→json", "POST→sse (httpx-sse)", "POST→sse, every stream evicts one"):
+        [judged] = [line for line in out.splitlines() if line.startswith(f"| {request} | ours |")]
+        assert judged.endswith(("| PASS |", "| MISS |")), judged
+
+
+def test_request_path_floor_prints_its_rows():
+    out = _run("request_path_floor.py")
+    for row in ("httpx-instr", "stand-in (patch points only)", "ours"):
+        assert f"| {row} |" in out, out
