@@ -36,21 +36,15 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.trace import SpanKind
 from wrapt import wrap_function_wrapper
 
+from opentelemetry.instrumentation.mcp_resumption.patches.http import _headers
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import configs
 from post_in_process import _posts
 
+# The headers the plugin reads, with its own one-pass reader.
 _REQUEST = frozenset((b"last-event-id", b"mcp-session-id", b"mcp-protocol-version", b"accept"))
 _RESPONSE = frozenset((b"mcp-session-id", b"mcp-protocol-version", b"content-type"))
-
-
-def _headers(headers: Any, names: frozenset[bytes]) -> dict[bytes, str]:
-    found = {}
-    for key, value in headers.raw:
-        key = key.lower()
-        if key in names:
-            found[key] = value.decode("ascii")
-    return found
 
 
 class _StandIn(SpanProcessor):
