@@ -42,15 +42,18 @@ def _httpx_instrumentors() -> list[Any]:
 
 
 @contextlib.contextmanager
-def configured(name: str, **settings: Any) -> Iterator[Any]:
+def configured(name: str, *, span_processor: Any = None, **settings: Any) -> Iterator[Any]:
     """Yields our ContinuityProcessor where the configuration has one, else
-    None; ``settings`` go to our instrument() (e.g. ``max_streams``)."""
+    None; ``settings`` go to our instrument() (e.g. ``max_streams``), and
+    ``span_processor``, if any, onto the tracer provider (a stand-in's hook)."""
     if name == "bare":
         yield None
         return
     sampler: Sampler = ALWAYS_OFF if "ALWAYS_OFF" in name else ALWAYS_ON
     tracer_provider = TracerProvider(sampler=sampler)
     tracer_provider.add_span_processor(SimpleSpanProcessor(_NullExporter()))
+    if span_processor is not None:
+        tracer_provider.add_span_processor(span_processor)
     meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
     logger_provider = LoggerProvider()
     providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}

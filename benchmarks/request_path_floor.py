@@ -40,7 +40,7 @@ from opentelemetry.instrumentation.mcp_resumption.patches.http import _headers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import configs
-from post_in_process import _posts
+from post_in_process import warmed_posts
 
 # The headers the plugin reads, with its own one-pass reader.
 _REQUEST = frozenset((b"last-event-id", b"mcp-session-id", b"mcp-protocol-version", b"accept"))
@@ -97,36 +97,21 @@ class _StandIn(SpanProcessor):
 def _stand_in_posts(count: int) -> float:
     """CPU µs per POST under the httpx instrumentation and the stand-in."""
     stand_in = _StandIn()
-    providers: list[Any] = []
-    original = configs.TracerProvider
-
-    def remembered(*args: Any, **kwargs: Any) -> Any:
-        provider = original(*args, **kwargs)
-        providers.append(provider)
-        return provider
-
-    configs.TracerProvider = remembered  # type: ignore[assignment,misc]
-    try:
-        with configs.configured("httpx-instr"):
-            providers[-1].add_span_processor(stand_in)
-            wrap_function_wrapper(httpx, "Client.send", stand_in.send)
-            wrap_function_wrapper(httpx_sse, "EventSource.iter_sse", stand_in.iter_sse)
-            wrap_function_wrapper(httpx, "Response.close", stand_in.close)
-            try:
-                _posts("sse", count // 10)
-                return _posts("sse", count)
-            finally:
-                unwrap(httpx.Client, "send")
-                unwrap(httpx_sse.EventSource, "iter_sse")
-                unwrap(httpx.Response, "close")
-    finally:
-        configs.TracerProvider = original  # type: ignore[misc]
+    with configs.configured("httpx-instr", span_processor=stand_in):
+        wrap_function_wrapper(httpx, "Client.send", stand_in.send)
+        wrap_function_wrapper(httpx_sse, "EventSource.iter_sse", stand_in.iter_sse)
+        wrap_function_wrapper(httpx, "Response.close", stand_in.close)
+        try:
+            return warmed_posts("sse", count)
+        finally:
+            unwrap(httpx.Client, "send")
+            unwrap(httpx_sse.EventSource, "iter_sse")
+            unwrap(httpx.Response, "close")
 
 
 def _configured_posts(config: str, count: int) -> float:
     with configs.configured(config):
-        _posts("sse", count // 10)
-        return _posts("sse", count)
+        return warmed_posts("sse", count)
 
 
 def main() -> None:
