@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib.metadata
+import inspect
 import json
 import time
 from collections.abc import Callable
@@ -46,8 +47,10 @@ class WireRouter(Router):
         self.refused: list[RequestHead] = []
 
     def _recording(self, policy):
-        def decide(request: RequestHead):
+        async def decide(request: RequestHead):
             route = policy(request)
+            if inspect.isawaitable(route):
+                route = await route
             if route is None:  # no answer: close the client's connection
                 self.refused.append(request)
                 raise ConnectionResetError("refused by the test's policy")
