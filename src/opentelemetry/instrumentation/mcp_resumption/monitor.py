@@ -40,6 +40,7 @@ from . import semconv as sc
 from .continuity import (
     Gap,
     GapKind,
+    Outcome,
     ResumeCursorRaceError,
     ResumptionGapError,
 )
@@ -79,6 +80,10 @@ class _Hop:
     session_id: str | None
     deadline: list | None = None
     error: str | None = None
+
+
+# Outcomes of a resume that could not bring any answer.
+_REFUSED = (Outcome.REJECTED, Outcome.FAILED)
 
 
 def enforcement_error(gaps: tuple[Gap, ...]) -> ResumptionGapError:
@@ -574,6 +579,23 @@ class ResumptionMonitor:
             # The attempt is over: one outcome, with every gap it had.
             self.telemetry.finish(
                 context, step.final, check.cursor.transport if check else None
+            )
+        verdict = step.verdict
+        if (
+            self.settings.enforce
+            and verdict is not None
+            and verdict.outcome in _REFUSED
+            and check is not None
+            and check.held
+            and context.error is None
+        ):
+            # The requests this stream was to answer will not come: the
+            # pending call fails now rather than at the caller's timeout.
+            context.error = self._enforced(
+                ResumptionGapError(
+                    f"the resume was {verdict.outcome.value}: the requests in flight on the "
+                    "broken stream will not be answered; re-initialize and re-issue them"
+                )
             )
         if step.gaps and self.settings.enforce and context.error is None:
             context.error = enforcement_error(step.gaps)
