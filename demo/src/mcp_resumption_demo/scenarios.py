@@ -79,7 +79,16 @@ GAP_KINDS: Final = (
     "orphaned_request",
     "foreign_replay",
 )
-OUTCOMES: Final = ("resumed", "caught_up", "gap", "reinitialized", "rejected", "unverifiable")
+OUTCOMES: Final = (
+    "resumed",
+    "caught_up",
+    "gap",
+    "reinitialized",
+    "rejected",
+    "unverifiable",
+    "failed",
+    "not_resumable",
+)
 
 # The legacy session of every fleet scenario: endpoint, initialize result,
 # tools/list result, a log line, then the tools/call result is the 5th event.
@@ -879,7 +888,7 @@ _SCENARIOS: Final = (
             "cannot resume; the tool result never arrives."
         ),
         expected_gaps=("orphaned_request",),
-        expected_outcome="gap",
+        expected_outcome="rejected",
         run=_stateless_migration,
     ),
     Scenario(
