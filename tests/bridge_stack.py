@@ -152,7 +152,11 @@ def run(telemetry, bridge: Bridge, kind: str, act, *, cut: bool = True):
 
 
 def wire_dump(truth: Truth) -> str:
-    return "\n".join(
+    timing = ""
+    for call in truth.cut:
+        if truth.reissues_of(call):
+            timing += f"re-issued {truth.reissued_after(call):.3f} s after the cut\n"
+    return timing + "\n".join(
         f"{e.index} {e.request.method} {e.request.body[:90]!r} last-event-id="
         f"{e.request.header('last-event-id')} {e.status} severed={e.severed} "
         f"{[(ev.id, ev.data[:50]) for ev in e.events]}"
@@ -162,7 +166,7 @@ def wire_dump(truth: Truth) -> str:
 
 async def first_call_fails(client: AppClient) -> None:
     try:
-        answer = await client.call("x", timeout=GIVE_UP if client.kind == MCP1 else 10)
+        answer = await client.call("x", idle=GIVE_UP if client.kind == MCP1 else None)
     except Exception:  # what the SDK raises is its business
         return
     raise AssertionError(f"the cut call returned {answer!r}")
@@ -196,10 +200,12 @@ def case_reissued(telemetry, monkeypatch, bridge: Bridge, kind: str, mode: str) 
     assert truth.fate(call) == "reissued"
     [reissue] = truth.reissues_of(call)
     assert reissue.answered_on == [reissue.exchange.index], wire_dump(truth)
+    after = truth.reissued_after(call)
+    assert after < CONFIRM, f"re-issued {after:.2f} s after the cut: inside the window"
 
-    assert fates(telemetry) == {"reissued": 1}
-    assert telemetry.outcomes() == {"not_resumable": 1}
-    assert telemetry.gap_kinds() == {}
+    assert (got := fates(telemetry)) == {"reissued": 1}, (got, wire_dump(truth))
+    assert (got := telemetry.outcomes()) == {"not_resumable": 1}, (got, wire_dump(truth))
+    assert (got := telemetry.gap_kinds()) == {}, (got, wire_dump(truth))
 
 
 def case_lost(telemetry, monkeypatch, bridge: Bridge, kind: str, mode: str) -> None:
@@ -215,9 +221,9 @@ def case_lost(telemetry, monkeypatch, bridge: Bridge, kind: str, mode: str) -> N
     call = the_cut_call(truth)
     assert truth.fate(call) == "lost"
 
-    assert fates(telemetry) == {"lost": 1}
-    assert telemetry.outcomes() == {"not_resumable": 1}
-    assert telemetry.gap_kinds() == {"orphaned_request": 1}
+    assert (got := fates(telemetry)) == {"lost": 1}, (got, wire_dump(truth))
+    assert (got := telemetry.outcomes()) == {"not_resumable": 1}, (got, wire_dump(truth))
+    assert (got := telemetry.gap_kinds()) == {"orphaned_request": 1}, (got, wire_dump(truth))
     [log] = orphan_logs(telemetry)
     assert log.log_record.attributes["jsonrpc.request.id"] == str(call.id)
     assert log.log_record.attributes["mcp.method.name"] == "tools/call"
@@ -235,8 +241,8 @@ def case_clean(telemetry, monkeypatch, bridge: Bridge, kind: str, mode: str) -> 
     assert not truth.any_severed() and len(truth.calls) == 2, wire_dump(truth)
     assert all(call.answered_on for call in truth.calls), wire_dump(truth)
 
-    assert fates(telemetry) == {}
-    assert telemetry.gap_kinds() == {}
+    assert (got := fates(telemetry)) == {}, (got, wire_dump(truth))
+    assert (got := telemetry.gap_kinds()) == {}, (got, wire_dump(truth))
     assert set(telemetry.outcomes()) <= {"resumed", "caught_up"}
     series = {point.attributes.get(FATE): point.value
               for point in telemetry.points(BROKEN)

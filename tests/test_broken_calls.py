@@ -103,7 +103,7 @@ async def first_call_fails(client: AppClient) -> None:
     """The cut call does not return an answer: mcp 2.x raises at once, mcp 1.x
     waits until the application gives up (enforce may fail it sooner)."""
     try:
-        answer = await client.call("x", timeout=GIVE_UP if client.kind == MCP1 else 10)
+        answer = await client.call("x", idle=GIVE_UP if client.kind == MCP1 else None)
     except Exception:  # what the SDK raises is its business
         return
     raise AssertionError(f"the cut call returned {answer!r}")

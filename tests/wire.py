@@ -45,9 +45,14 @@ class WireRouter(Router):
     def __init__(self, policy, **kwargs) -> None:
         super().__init__(self._recording(policy), **kwargs)
         self.refused: list[RequestHead] = []
+        # When the router read each request (in order: exchanges, then the
+        # refused ones, share this sequence) and when it cut each stream.
+        self.received_at: dict[int, float] = {}
+        self.cut_at: dict[int, float] = {}
 
     def _recording(self, policy):
         async def decide(request: RequestHead):
+            self.received_at[id(request)] = time.monotonic()
             route = policy(request)
             if inspect.isawaitable(route):
                 route = await route
@@ -57,6 +62,10 @@ class WireRouter(Router):
             return route
 
         return decide
+
+    async def _sever(self, client, route, exchange, payload) -> None:
+        self.cut_at[exchange.index] = time.monotonic()
+        await super()._sever(client, route, exchange, payload)
 
     @staticmethod
     def _scan(scanner, piece: bytes, route: Route, exchange: Exchange) -> int | None:
@@ -110,6 +119,8 @@ class Truth:
     def __init__(self, router: WireRouter) -> None:
         self.exchanges = list(router.exchanges)
         self.refused = list(router.refused)
+        self._received_at = router.received_at
+        self._cut_at = router.cut_at
         self.calls: list[Call] = []
         for exchange in self.exchanges:
             body = exchange.request.jsonrpc
@@ -153,6 +164,13 @@ class Truth:
         if self.reissues_of(call):
             return "reissued"
         return "lost"
+
+    def reissued_after(self, call: Call) -> float:
+        """Seconds from the cut of ``call``'s stream to the router reading its
+        first re-issue: the reissue window must hold it."""
+        [reissue, *_] = self.reissues_of(call)
+        return (self._received_at[id(reissue.exchange.request)]
+                - self._cut_at[call.exchange.index])
 
     def fates(self) -> dict[str, int]:
         totals: dict[str, int] = {}
@@ -222,10 +240,6 @@ RESUMABLE_CLIENTS = CLIENTS[1:]
 MODES = ["observe", "enforce"]
 
 
-async def _progress(*_args) -> None:
-    pass
-
-
 class AppClient:
     """One client of ``kind`` on ``url``, as an application uses it: it calls the
     tool ``work`` (with a progress callback, so that the answer comes as a
@@ -254,13 +268,36 @@ class AppClient:
     async def __aexit__(self, *exc_info) -> None:
         await self._stack.aclose()
 
-    async def call(self, text: str, timeout: float = 10.0, progress: bool = True):
-        """The tool's answer text; raises what the SDK raises (or TimeoutError)."""
-        kwargs = {"progress_callback": _progress} if progress else {}
-        result = await asyncio.wait_for(
-            self.session.call_tool("work", {"text": text}, **kwargs), timeout
-        )
-        return result.content[0].text
+    async def call(self, text: str, timeout: float = 10.0, progress: bool = True,
+                   idle: float | None = None):
+        """The tool's answer text; raises what the SDK raises, or TimeoutError
+        when the application gives up: after ``timeout``, or ``idle`` seconds
+        after the progress notification with no answer (an application's
+        idle timeout: the cut, which follows the progress, starts it)."""
+        progressed = asyncio.Event()
+
+        async def on_progress(*_args) -> None:
+            progressed.set()
+
+        async def idle_timeout() -> None:
+            await progressed.wait()
+            await asyncio.sleep(idle)
+
+        kwargs = {"progress_callback": on_progress} if progress else {}
+        call = asyncio.ensure_future(self.session.call_tool("work", {"text": text}, **kwargs))
+        never = asyncio.Event()
+        watch = asyncio.ensure_future(idle_timeout() if idle is not None else never.wait())
+        try:
+            done, _ = await asyncio.wait({call, watch}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if call not in done:
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await call
+            raise TimeoutError("the application gave up on the call")
+        return call.result().content[0].text
 
 
 # ================================================================ the SDK servers
