@@ -52,7 +52,7 @@ def test_a_cut_call_the_application_gives_up_on(telemetry, monkeypatch, bridges,
     (STATEFUL, LEGACY, "observe"), (STATEFUL, LEGACY, "enforce"),
     (STATEFUL, MCP1, "observe"), (STATEFUL, MCP1, "enforce"),
     (STATEFUL, MODERN, "enforce"),
-    (STATELESS, LEGACY, "observe"), (STATELESS, MCP1, "observe"),
+    (STATELESS, MCP1, "observe"),
 ))
 def test_a_clean_run(telemetry, monkeypatch, bridges, name, kind, mode):
     case_clean(telemetry, monkeypatch, bridges(name), kind, mode)

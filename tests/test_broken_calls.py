@@ -139,6 +139,8 @@ def test_a_cut_call_the_application_reissues_is_reissued(telemetry, monkeypatch,
     assert truth.fate(call) == "reissued"
     [reissue] = truth.reissues_of(call)
     assert reissue.answered_on == [reissue.exchange.index], "the re-issued call was answered"
+    after = truth.reissued_after(call)
+    assert after < CONFIRM, f"re-issued {after:.2f} s after the cut: inside the window"
 
     assert fates_open == {"reissued": 1}
     assert fates(telemetry) == {"reissued": 1}, "counted once, also after the exit"
