@@ -339,3 +339,58 @@ def test_a_post_answered_with_json_has_no_broken_request(telemetry, monkeypatch,
     assert telemetry.gap_kinds() == {}
     assert attempts(telemetry) == {}
     assert_zero_series(telemetry, router)
+
+
+# ------------------------------------------------------------ when "lost" is decided
+# With a window far longer than the test, a fate present right after the
+# client's end was decided by that end, not by the window.
+LONG_WINDOW = 30.0
+
+
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
+def test_a_session_closed_with_a_cut_call_pending_loses_it_at_once(telemetry, monkeypatch,
+                                                                   kind):
+    instrument_env(monkeypatch, "observe", LONG_WINDOW)
+
+    async def scenario():
+        async with sdk_stack(sdk_app()) as (router, _, _):
+            with telemetry.instrumented():
+                async with AppClient(kind, router.url + "/mcp") as client:
+                    await first_call_fails(client)
+                    assert fates(telemetry) == {}, "the window has not passed"
+                # the client closed its session (DELETE)
+                at_close = fates(telemetry), telemetry.gap_kinds()
+            return router, at_close
+
+    router, (fates_at_close, gaps_at_close) = asyncio.run(scenario())
+    truth = Truth(router)
+    call = assert_cut_without_ids(truth)
+    assert truth.fate(call) == "lost"
+    assert [e.request.method for e in truth.exchanges][-1] == "DELETE"
+    assert fates_at_close == {"lost": 1}, "decided by the session's end"
+    assert gaps_at_close == {"orphaned_request": 1}
+    assert fates(telemetry) == {"lost": 1}
+
+
+@pytest.mark.mcp2
+def test_a_cut_call_pending_at_exit_is_lost_before_the_providers_flush(telemetry, monkeypatch):
+    """The 2026-07-28 client has no session to close: the process ends (the
+    instrumentor is removed) with the call's fate undecided."""
+    instrument_env(monkeypatch, "observe", LONG_WINDOW)
+
+    async def scenario():
+        async with sdk_stack(sdk_app()) as (router, _, _):
+            with telemetry.instrumented():
+                async with AppClient(MODERN, router.url + "/mcp") as client:
+                    await first_call_fails(client)
+                assert fates(telemetry) == {}, "no session end, and the window has not passed"
+            return router
+
+    router = asyncio.run(scenario())
+    truth = Truth(router)
+    call = assert_cut_without_ids(truth)
+    assert truth.fate(call) == "lost"
+    assert "DELETE" not in [e.request.method for e in truth.exchanges]
+    assert fates(telemetry) == {"lost": 1}, "counted at exit"
+    assert telemetry.gap_kinds() == {"orphaned_request": 1}
+    assert telemetry.outcomes() == {"not_resumable": 1}
