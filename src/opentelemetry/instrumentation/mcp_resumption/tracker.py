@@ -46,7 +46,7 @@ from .continuity import (
 )
 from .fates import Broken, BrokenLedger, Decided
 from .forks import renew_after_fork
-from .jsonrpc import calls_in, canonical_digest, is_message, responses_in
+from .jsonrpc import calls_in, cancelled_in, canonical_digest, is_message, responses_in
 
 SEEN_WINDOW = 16  # event ids remembered per session, for id_reused
 MAX_REQUESTS = 256  # in-flight JSON-RPC requests remembered per session
@@ -703,7 +703,7 @@ class Tracker:
             if event.retry is not None:
                 self._retry(stream, event.retry)
             self._received(stream, event.id, event.data)
-        if not holding and stream.last_received is not None:
+        if not holding and (stream.last_received is not None or stream.unconsumed_responses):
             self._take(stream)
 
     def _received(
@@ -801,6 +801,25 @@ class Tracker:
             if not self.broken:
                 return NOTHING
             return self._fated(self.broken.session_closed(session, "the session was closed"))
+
+    def cancelling(self, server: str, session_id: str | None, path: str, body: bytes) -> None:
+        """The client is about to send ``notifications/cancelled``: the
+        requests it names and that have not broken yet are no longer
+        awaited, so the stream the server then ends without their answers
+        breaks nothing.  Told before the cancel is sent, which is before the
+        server can end those streams.  (One that broke before is the SDK's
+        courtesy cancel after a failure: its fate runs on.)"""
+        keys = cancelled_in(body)
+        with self._lock:
+            key = (server, session_id, None if session_id is not None else path)
+            session = self._sessions.get(key)
+            if session is None or not session.pending:
+                return
+            for request_key in keys:
+                if self.broken.entry(session, request_key) is None:
+                    session.pending.pop(request_key, None)
+            if not session.pending:
+                session.pending = None
 
     def reissued(self, server: str, session_id: str | None, path: str, body: bytes) -> Step:
         """Requests in ``body`` were sent to ``server``: those that repeat a
@@ -934,13 +953,15 @@ class Tracker:
         window starts); with one, its lineage waits for a resume."""
         session = stream.session
         pending = session.pending
-        if not pending:
-            return NOTHING
+        if not pending or session.terminated:
+            return NOTHING  # nothing awaited, or the client ended the session itself
         legacy = stream.transport == SSE
+        # An answer the stream handed to the application came, taken or not.
+        handed = stream.unconsumed_responses
         keys = [
             key
             for key, (_, lineage) in pending.items()
-            if lineage == stream.lineage or (legacy and lineage is None)
+            if (lineage == stream.lineage or (legacy and lineage is None)) and key not in handed
         ]
         if not keys:
             return NOTHING
