@@ -79,7 +79,16 @@ GAP_KINDS: Final = (
     "orphaned_request",
     "foreign_replay",
 )
-OUTCOMES: Final = ("resumed", "caught_up", "gap", "reinitialized", "rejected", "unverifiable")
+OUTCOMES: Final = (
+    "resumed",
+    "caught_up",
+    "gap",
+    "reinitialized",
+    "rejected",
+    "unverifiable",
+    "not_resumable",
+    "failed",
+)
 
 # The legacy session of every fleet scenario: endpoint, initialize result,
 # tools/list result, a log line, then the tools/call result is the 5th event.
@@ -125,7 +134,9 @@ class ScenarioWire:
     the application applied it). ``in_flight``: JSON-RPC requests (id ->
     method) whose response the application had not consumed when it broke.
     ``exchanges``: the router's log of every request, the wire as the load
-    balancer saw it.
+    balancer saw it. ``fates``, where a row gives them: the fate of each
+    broken request (``answered``, ``reissued``, ``lost``: how many), read
+    from that log; the demo checks the plugin's count against it.
     """
 
     name: str
@@ -140,6 +151,7 @@ class ScenarioWire:
     reinitialized: bool = False
     tool_result: ToolOutcome | None = None
     exchanges: list[Exchange] = field(default_factory=list)
+    fates: dict[str, int] | None = None
 
     @property
     def cursor(self) -> str | None:
@@ -980,6 +992,7 @@ _SCENARIOS: Final = (
 SCENARIO_MODULES: Final = (
     "mcp_resumption_demo.ts_scenarios",
     "mcp_resumption_demo.server_scenarios",
+    "mcp_resumption_demo.stateless_scenarios",
 )
 
 
