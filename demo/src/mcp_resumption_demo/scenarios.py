@@ -86,8 +86,8 @@ OUTCOMES: Final = (
     "reinitialized",
     "rejected",
     "unverifiable",
-    "not_resumable",
     "failed",
+    "not_resumable",
 )
 
 # The legacy session of every fleet scenario: endpoint, initialize result,
