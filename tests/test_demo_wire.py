@@ -27,6 +27,7 @@ from mcp_resumption_demo.clients import (  # noqa: E402
     response_id,
     sdk_legacy_session,
 )
+from mcp_resumption_demo.fates import broken_request_fates  # noqa: E402
 from mcp_resumption_demo.loopback import LoopbackServer  # noqa: E402
 from mcp_resumption_demo.router import (  # noqa: E402
     Exchange,
@@ -46,7 +47,6 @@ from mcp_resumption_demo.servers import (  # noqa: E402
     FleetInstance,
     search_hits,
 )
-from mcp_resumption_demo.stateless_scenarios import broken_request_fates  # noqa: E402
 from mcp_resumption_demo.ts_scenarios import TsScenarioWire  # noqa: E402
 from opentelemetry.instrumentation.mcp_resumption import semconv  # noqa: E402
 
@@ -211,6 +211,7 @@ def test_stateless_migration(run: _Run) -> None:
     resumed_on = {x.backend for x in wire.exchanges if x.last_event_id_sent is not None}
     assert resumed_on == {"sdk-stateless"}
     assert wire.tool_result is None or not wire.tool_result.arrived
+    assert wire.fates == {"lost": 1}
 
 
 @pytest.mark.parametrize(
@@ -236,6 +237,7 @@ def test_faithful_resume(run: _Run, name: str) -> None:
     assert all(e.consumed for e in resume.events)
     before_ids = {e.id for e in wire.received_before}
     assert not before_ids & set(resume.event_ids)  # strictly after the cursor
+    assert wire.fates == {"answered": 1}
     if name == "faithful_resume_int":
         assert all(_n(i) > _n(cursor) for i in resume.event_ids)
     elif name == "faithful_resume_prefixed":

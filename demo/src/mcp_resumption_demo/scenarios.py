@@ -45,6 +45,7 @@ from .clients import (
     response_id,
     sdk_streamable_session,
 )
+from .fates import broken_request_fates
 from .loopback import LoopbackServer, close_all
 from .router import Backend, Exchange, Policy, RequestHead, Route, Router
 from .servers import (
@@ -634,6 +635,7 @@ async def _sdk_cut_call(name: str, store: Any, *, stateless_resume: bool) -> Sce
         wire.resumes = [_attempt_of(x, request_id) for x in _resumes(exchanges)]
         if wire.resumes:
             wire.session_id_after = wire.resumes[-1].session_id_received
+        wire.fates = broken_request_fates(exchanges)
         wire.exchanges = exchanges
         return wire
 

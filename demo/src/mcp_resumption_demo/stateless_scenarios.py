@@ -5,25 +5,18 @@ which the application re-issues or gives up on.
 
 A family of rows of its own (``SCENARIOS``), named in ``scenarios``'s list.
 Each row's truth about its broken call (its *fate*) is read from the router's
-log by :func:`broken_request_fates`, never from the plugin.
+log by :func:`.fates.broken_request_fates`, never from the plugin.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
 from typing import Any, Final
 
-from .clients import (
-    MCP_MAJOR,
-    SdkSession,
-    ToolOutcome,
-    WireEvent,
-    response_id,
-    sdk_stateless_session,
-)
-from .router import Exchange, RequestHead, Route, Router
+from .clients import MCP_MAJOR, SdkSession, ToolOutcome, sdk_stateless_session
+from .fates import broken_request_fates
+from .router import RequestHead, Route, Router
 from .scenarios import (
     _GUARD_TIMEOUT_S,
     Scenario,
@@ -37,76 +30,12 @@ from .scenarios import (
 )
 from .servers import sdk_streamable_app
 
-__all__ = ["SCENARIOS", "broken_request_fates"]
+__all__ = ["SCENARIOS"]
 
 _STEPS: Final = 3
 # The cut falls after the first progress notification: mid-call, and (no
 # event store, or protocol 2026-07-28) with no event id received.
 _EVENTS_BEFORE_CUT: Final = 1
-
-
-def _without_meta(params: object) -> object:
-    if isinstance(params, Mapping):
-        return {k: v for k, v in params.items() if k != "_meta"}
-    return params
-
-
-def _same_call(original: Mapping[str, object], later: Mapping[str, object] | None) -> bool:
-    """*later* re-issues *original*: the same method and params (``_meta``,
-    which carries the request's own ``progressToken``, aside), a new id."""
-    return (
-        later is not None
-        and "id" in later
-        and later.get("id") != original.get("id")
-        and later.get("method") == original.get("method")
-        and _without_meta(later.get("params")) == _without_meta(original.get("params"))
-    )
-
-
-def _answers(exchange: Exchange, request_id: object) -> bool:
-    return any(
-        response_id(WireEvent(e.id, e.event, e.data)) == request_id for e in exchange.events
-    )
-
-
-def broken_request_fates(exchanges: list[Exchange]) -> dict[str, int]:
-    """The fate of every request whose POST stream the router cut before its
-    answer, as the router's log shows it (every exchange went to one server,
-    the router's host and port): ``answered`` when a later exchange forwarded
-    its answer, ``reissued`` when a later POST sent the same call under a new
-    id (each later call re-issues one broken request, the earliest first),
-    ``lost`` otherwise."""
-    fates: dict[str, int] = {}
-    reissues: set[int] = set()
-    for index, exchange in enumerate(exchanges):
-        message = exchange.request.jsonrpc
-        if (
-            exchange.request.method != "POST"
-            or not exchange.severed
-            or message is None
-            or "id" not in message
-            or "method" not in message
-        ):
-            continue
-        request_id = message["id"]
-        if _answers(exchange, request_id):
-            continue  # the answer crossed before the cut: nothing broke
-        later = exchanges[index + 1 :]
-        again = next(
-            (x.index for x in later
-             if x.index not in reissues and x.request.method == "POST"
-             and _same_call(message, x.request.jsonrpc)),
-            None,
-        )  # fmt: skip
-        if any(_answers(x, request_id) for x in later):
-            fate = "answered"
-        elif again is not None:
-            reissues.add(again)
-            fate = "reissued"
-        else:
-            fate = "lost"
-        fates[fate] = fates.get(fate, 0) + 1
-    return fates
 
 
 def _cut_first_call(backend: Any) -> Any:
