@@ -558,6 +558,25 @@ def test_the_agreed_alerts_exist() -> None:
     ), "the unverifiable alert is info and needs a minimum number of attempts"
     assert alerts_on(r"mcp_client_resumption_evicted_streams_total")
     assert alerts_on(r'mcp_resumption_outcome="rejected"')
+    # breaks that stop being resumable warn, on a share with a minimum volume
+    not_resumable = alerts_on(r'mcp_resumption_outcome="not_resumable"')
+    assert [rule["alert"] for rule in not_resumable] == ["McpResumptionBreaksNotResumable"]
+    assert all(
+        rule["labels"]["severity"] == "warning" and ">=" in rule["expr"] and "/" in rule["expr"]
+        for rule in not_resumable
+    )
+    # a break with nothing to resume is no resume: every share of resumes, and
+    # the SLI, leaves it out (the not-resumable share alone counts it)
+    for rule in _all_rules():
+        name = rule.get("alert") or rule["record"]
+        if name in ("McpResumptionBreaksNotResumable", "mcp_resumption:slo_target"):
+            continue
+        for selector in parse_promql(rule["expr"]).selectors:
+            if selector.name == "mcp_client_resumption_attempts_total":
+                outcome = [m for m in selector.matchers if m[0] == "mcp_resumption_outcome"]
+                assert outcome, f"{name}: every outcome, not_resumable too: {rule['expr']}"
+                [(_, operator, value)] = outcome
+                assert ("not_resumable" in value) == (operator in ("!=", "!~")), name
 
 
 def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
