@@ -388,7 +388,7 @@ def build() -> dict[str, Any]:
         "every attempt (not_resumable plus every resume outcome). High means the breaks "
         "against that server lose their calls unless the application re-issues them: a fleet "
         f"moved onto servers without resumption. McpResumptionBreaksNotResumable warns above "
-        f"{NOT_RESUMABLE_SHARE:.0%} of at least 10 in an hour.",
+        f"{NOT_RESUMABLE_SHARE * 100:g} % of at least 10 in an hour.",
         f"sum by (server_address, server_port) ({inc(ATTEMPTS, NOT_RESUMABLE)})"
         f" / (sum by (server_address, server_port) ({inc(ATTEMPTS)}) > 0)",
         ["server_address", "server_port"], "not resumable", unit="percentunit", decimals=1,
