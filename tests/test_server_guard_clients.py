@@ -105,10 +105,10 @@ def test_guard_on_the_python_client_stops_after_two_retries(telemetry):
         # caller's own timeout.  No loop: two resumes in all that time.
         assert isinstance(error, TimeoutError), error
     # The client side sees the refusal for what it is: the resume was refused
-    # (410) and the call in flight lost its answer, an orphaned_request, said
-    # at once; not the replay_unconfirmed of an empty 200, again and again.
+    # (410, outcome rejected) and the call in flight lost its answer, an
+    # orphaned_request; not the replay_unconfirmed of an empty 200, again and again.
     assert telemetry.gap_kinds() == {"orphaned_request": 1}
-    assert telemetry.outcomes() == {"gap": 1}
+    assert telemetry.outcomes() == {"rejected": 1}
     spans = telemetry.resume_spans()
     statuses = {span.attributes.get("http.response.status_code") for span in spans}
     assert statuses == {410}

@@ -893,7 +893,7 @@ _SCENARIOS: Final = (
             "cannot resume; the tool result never arrives."
         ),
         expected_gaps=("orphaned_request",),
-        expected_outcome="gap",
+        expected_outcome="rejected",
         run=_stateless_migration,
     ),
     Scenario(
