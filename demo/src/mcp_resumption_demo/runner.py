@@ -29,9 +29,6 @@ from . import scenarios
 from .scenarios import all_scenarios
 
 SETTLE_SECONDS = 1.0  # the confirmation window the demo runs with
-# The counter of broken requests and its attribute (the README's names).
-BROKEN_REQUESTS = "mcp.client.resumption.broken_requests"
-REQUEST_FATE = "mcp.resumption.request.fate"
 # How long a row whose wire gives the fates of its broken requests waits for
 # the plugin to count them all (a lost one is decided a confirmation window
 # after the client stopped waiting): a guard, the wait ends at the count.
@@ -107,7 +104,7 @@ def _counted(reader: InMemoryMetricReader) -> dict[str, Any]:
         "transport_crossings": {"all": crossings} if crossings else {},
         "replayed_events": replayed,
         "stream_events": {"all": sum(int(p.value) for p in _points(reader, sc.STREAM_EVENTS[0]))},
-        "fates": _sums(reader, BROKEN_REQUESTS, REQUEST_FATE),
+        "fates": _sums(reader, sc.BROKEN_REQUESTS[0], sc.REQUEST_FATE),
     }
 
 
@@ -264,7 +261,8 @@ def run(
     report: Callable[[list[dict], dict[str, dict[str, int]]], None] | None = None,
 ) -> tuple[list[dict], dict[str, dict[str, int]]]:
     """Run the scenarios (all, or ``names``); return one row each, and the
-    metric totals (resumes by outcome, gaps by kind) of the whole run.
+    metric totals (resumes by outcome, gaps by kind, broken requests by fate)
+    of the whole run.
 
     With ``prometheus_port`` the metrics are served on 127.0.0.1 for a scrape,
     and kept up ``hold`` seconds after ``report`` was given the results.
@@ -362,6 +360,7 @@ def run(
         totals = {
             "resumes by outcome": _outcomes(reader),
             "gaps by kind": _sums(reader, sc.GAPS[0], sc.GAP_KIND),
+            "broken requests by fate": _sums(reader, sc.BROKEN_REQUESTS[0], sc.REQUEST_FATE),
         }
         if report is not None:
             report(rows, totals)
