@@ -65,6 +65,9 @@ class Broken:
     # None while a resume may still bring the answer.
     stopped_at: float | None = None
     why: str = "the client stopped waiting"
+    # False: recorded when a resume could no longer answer it, its stream
+    # having ended without a break (a poll): answered, it was never broken.
+    broke: bool = True
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,12 @@ class Decided:
     broken: Broken
     fate: Fate
     gap: Gap | None = None  # the orphaned_request gap of a lost request
+
+    @property
+    def counted(self) -> bool:
+        """Whether this is a broken request's fate: a request a poll's resume
+        could not answer, which was answered after all, never broke."""
+        return self.broken.broke or self.fate is not Fate.ANSWERED
 
 
 class BrokenLedger:

@@ -397,7 +397,8 @@ class TelemetrySink:
         waited for it."""
         if context is None:  # recorded by no patch: nothing to name it by
             return
-        self._broken.add(1, {sc.REQUEST_FATE: decided.fate.value, **context.attributes})
+        if decided.counted:
+            self._broken.add(1, {sc.REQUEST_FATE: decided.fate.value, **context.attributes})
         if decided.gap is not None:
             self.gap(attempt or context, decided.gap)
 

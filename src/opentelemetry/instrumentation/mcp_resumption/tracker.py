@@ -918,11 +918,12 @@ class Tracker:
         call: int | None,
         new: list[Broken],
         fates: list[Decided],
+        broke: bool = True,
     ) -> None:
         session = stream.session
         if self.broken.entry(session, key) is not None:
             return  # broken before, on the stream this one resumed
-        broken = Broken(key, method, call, stream.server, session, stream.transport)
+        broken = Broken(key, method, call, stream.server, session, stream.transport, broke=broke)
         fates.extend(self.broken.broke(broken))
         new.append(broken)
 
@@ -1077,7 +1078,7 @@ class Tracker:
         wait = stream.check.replaced and not stream.ended
         window = False
         for key, (method, why) in orphans.items():
-            self._record_break(stream, key, method, None, new, fates)
+            self._record_break(stream, key, method, None, new, fates, broke=False)
             broken = self.broken.entry(session, key)
             if broken is None:
                 continue

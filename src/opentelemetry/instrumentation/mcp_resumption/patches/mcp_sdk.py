@@ -24,7 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..continuity import ResumptionGapError
-from . import Targets, guarded
+from . import Targets, fault, guarded
 
 if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
     from ..monitor import ResumptionMonitor
@@ -56,10 +56,23 @@ def _error_message(ctx: Any, error: ResumptionGapError) -> Any:
     return SessionMessage(wrap(answer))
 
 
-async def _fail_request(ctx: Any, error: ResumptionGapError) -> None:
+# Put in a task's list of enforced errors once its request has been failed.
+_ANSWERED = object()
+
+
+async def _fail_request(ctx: Any, raised: list) -> None:
+    """Answer the pending request with the first enforced error, once."""
+    if not raised or raised[0] is _ANSWERED:
+        return
+    error = raised[0]
+    raised[:] = [_ANSWERED]
     message = guarded("failing the pending request", _error_message, ctx, error)
-    if message is not None:
+    if message is None:
+        return
+    try:
         await ctx.read_stream_writer.send(message)
+    except Exception:  # the session is gone: nobody waits for the answer
+        fault("failing the pending request")
 
 
 def _reconnect(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
@@ -72,12 +85,12 @@ def _reconnect(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
         return _outermost(owner, wrapped, instance, args, kwargs)
     if raised:
         # A gap was enforced on this request's stream: do not resume it again.
-        return _fail_request(args[0] if args else kwargs.get("ctx"), raised[0])
+        return _fail_request(args[0] if args else kwargs.get("ctx"), raised)
     return wrapped(*args, **kwargs)
 
 
 async def _outermost(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
-    raised: list[ResumptionGapError] = []
+    raised: list = []  # errors enforced on this request; _ANSWERED once failed
     token = owner.enforced_errors.set(raised)
     hops: list = []  # keys of the hops parked inside this loop
     hops_token = owner.hop_scope.set(hops)
@@ -87,7 +100,8 @@ async def _outermost(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     try:
         result = await wrapped(*args, **kwargs)
     except ResumptionGapError as error:  # 2.x lets it out of an explicit resumption
-        await _fail_request(ctx, error)
+        raised.insert(0, error)
+        await _fail_request(ctx, raised)
         return None
     finally:
         owner.hop_scope.reset(hops_token)
@@ -104,10 +118,10 @@ async def _outermost(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
                     "the client stopped resuming it",
                 )
         owner.enforced_errors.reset(token)
-    if raised and not hasattr(instance, "_resolve_abandoned_request"):
+    if not hasattr(instance, "_resolve_abandoned_request"):
         # mcp 1.x gives up on a refused resume without answering the call,
         # which then waits for the caller's own timeout (2.x answers it).
-        await _fail_request(ctx, raised[0])
+        await _fail_request(ctx, raised)
     return result
 
 
