@@ -146,3 +146,15 @@ def test_an_unreadable_answer_settles_what_it_may_answer():
     # Not JSON where a result may be: which request it answers is unknown.
     step = t.event_received(resumed, "e-2", '{"result": ' + "[" * 100_000)
     assert [d.fate for d in step.fates] == [Fate.ANSWERED]
+
+
+def test_a_cancel_after_a_poll_ended_leaves_the_lineage_its_request():
+    """mcp 2.x in its legacy mode posts a courtesy cancel once it has failed
+    a call: after a poll's stream ended, the request is still the lineage's."""
+    t = Tracker()
+    stream = post_stream(t, call(5), [("e-1", "")], session="s-1")
+    t.retry_seen(stream, 100)
+    assert t.stream_ended(stream, "the stream ended", clean=True).held  # the server polls
+    t.cancelling(SERVER, "s-1", "/mcp", cancel(5))
+    assert t.lineage_ended(stream, "the client did not resume it").window
+    assert fates(t.fates_due(0.0)) == [("5", "lost")]

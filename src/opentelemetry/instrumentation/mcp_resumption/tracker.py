@@ -807,16 +807,19 @@ class Tracker:
         requests it names and that have not broken yet are no longer
         awaited, so the stream the server then ends without their answers
         breaks nothing.  Told before the cancel is sent, which is before the
-        server can end those streams.  (One that broke before is the SDK's
-        courtesy cancel after a failure: its fate runs on.)"""
+        server can end those streams.  (One whose stream ended before is the
+        SDK's courtesy cancel after a failure: its fate runs on.)"""
         keys = cancelled_in(body)
         with self._lock:
             key = (server, session_id, None if session_id is not None else path)
             session = self._sessions.get(key)
             if session is None or not session.pending:
                 return
+            holders = session.holders or {}
             for request_key in keys:
-                if self.broken.entry(session, request_key) is None:
+                # Its stream ended before (a break, or a poll whose lineage
+                # waits): the SDK's courtesy cancel after a failure.
+                if self.broken.entry(session, request_key) is None and request_key not in holders:
                     session.pending.pop(request_key, None)
             if not session.pending:
                 session.pending = None
@@ -887,7 +890,9 @@ class Tracker:
             broke = not closed_by_client and not stream.server_closed
             body, stream.request_body = stream.request_body, None
             if stream.check is None:
-                return self._broken_stream(stream, body) if broke else NOTHING
+                if broke or stream.server_closed:
+                    return self._broken_stream(stream, body, poll=not broke)
+                return NOTHING
             check = stream.check
             was_open = not check.closed
             step = self._run(
@@ -946,11 +951,13 @@ class Tracker:
         fates.extend(self.broken.broke(broken))
         new.append(broken)
 
-    def _broken_stream(self, stream: Stream, body: bytes | None) -> Step:
+    def _broken_stream(self, stream: Stream, body: bytes | None, poll: bool = False) -> Step:
         """A stream that no resume checks ended by an error or EOF: the
         requests whose answers it was to carry are broken.  With no event id
         received nothing can resume it (``not_resumable``, and their reissue
-        window starts); with one, its lineage waits for a resume."""
+        window starts); with one, its lineage waits for a resume.  ``poll``:
+        the server closed it on purpose, which breaks nothing unless the
+        client does not resume it (its lineage waits too)."""
         session = stream.session
         pending = session.pending
         if not pending or session.terminated:
@@ -968,9 +975,9 @@ class Tracker:
         calls = dict(calls_in(body)) if body is not None else {}
         new: list[Broken] = []
         fates: list[Decided] = []
-        for key in keys:
+        for key in keys if not poll else ():
             self._record_break(stream, key, pending[key][0], calls.get(key), new, fates)
-        if stream.last_received is None:
+        if stream.last_received is None and not poll:
             why = "nothing could resume the stream (it carried no event id)"
             window = self.broken.stop(session, keys, time.monotonic(), why, None)
             return Step(broke=tuple(new), fates=tuple(fates), window=window, not_resumable=True)
