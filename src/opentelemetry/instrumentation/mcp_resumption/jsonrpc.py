@@ -108,6 +108,18 @@ def calls_in(text: str | bytes | None) -> list[tuple[str, int | None]]:
     return found
 
 
+def cancelled_in(text: str | bytes | None) -> list[str]:
+    """Id keys of the requests a body's ``notifications/cancelled`` name."""
+    found = []
+    for message in _messages(text) or []:
+        params = message.get("params")
+        if message.get("method") == "notifications/cancelled" and isinstance(params, dict):
+            key = request_key(params.get("requestId"))
+            if key is not None:
+                found.append(key)
+    return found
+
+
 def responses_in(text: str | None) -> tuple[str, ...] | None:
     """Id keys of every response (result or error) in an event's data;
     ``None`` when the data may hold one but could not be read."""

@@ -242,6 +242,9 @@ class ResumptionMonitor:
         A request that does not show MCP itself gets its span, if its answer
         does, when the answer arrives."""
         if facts.last_event_id is None or not facts.mcp:
+            if facts.body is not None and b"notifications/cancelled" in facts.body:
+                session_id = facts.session_id or facts.legacy_session_id
+                self.tracker.cancelling(facts.server, session_id, facts.path, facts.body)
             if facts.method == "DELETE" and facts.session_id:
                 # Before the answer: the server closes the session's streams
                 # while it handles the DELETE.

@@ -46,7 +46,7 @@ from .continuity import (
 )
 from .fates import Broken, BrokenLedger, Decided
 from .forks import renew_after_fork
-from .jsonrpc import calls_in, canonical_digest, is_message, responses_in
+from .jsonrpc import calls_in, cancelled_in, canonical_digest, is_message, responses_in
 
 SEEN_WINDOW = 16  # event ids remembered per session, for id_reused
 MAX_REQUESTS = 256  # in-flight JSON-RPC requests remembered per session
@@ -703,7 +703,7 @@ class Tracker:
             if event.retry is not None:
                 self._retry(stream, event.retry)
             self._received(stream, event.id, event.data)
-        if not holding and stream.last_received is not None:
+        if not holding and (stream.last_received is not None or stream.unconsumed_responses):
             self._take(stream)
 
     def _received(
@@ -802,6 +802,28 @@ class Tracker:
                 return NOTHING
             return self._fated(self.broken.session_closed(session, "the session was closed"))
 
+    def cancelling(self, server: str, session_id: str | None, path: str, body: bytes) -> None:
+        """The client is about to send ``notifications/cancelled``: the
+        requests it names and that have not broken yet are no longer
+        awaited, so the stream the server then ends without their answers
+        breaks nothing.  Told before the cancel is sent, which is before the
+        server can end those streams.  (One whose stream ended before is the
+        SDK's courtesy cancel after a failure: its fate runs on.)"""
+        keys = cancelled_in(body)
+        with self._lock:
+            key = (server, session_id, None if session_id is not None else path)
+            session = self._sessions.get(key)
+            if session is None or not session.pending:
+                return
+            holders = session.holders or {}
+            for request_key in keys:
+                # Its stream ended before (a break, or a poll whose lineage
+                # waits): the SDK's courtesy cancel after a failure.
+                if self.broken.entry(session, request_key) is None and request_key not in holders:
+                    session.pending.pop(request_key, None)
+            if not session.pending:
+                session.pending = None
+
     def reissued(self, server: str, session_id: str | None, path: str, body: bytes) -> Step:
         """Requests in ``body`` were sent to ``server``: those that repeat a
         broken request's call under a new id decide its fate."""
@@ -868,7 +890,9 @@ class Tracker:
             broke = not closed_by_client and not stream.server_closed
             body, stream.request_body = stream.request_body, None
             if stream.check is None:
-                return self._broken_stream(stream, body) if broke else NOTHING
+                if broke or stream.server_closed:
+                    return self._broken_stream(stream, body, poll=not broke)
+                return NOTHING
             check = stream.check
             was_open = not check.closed
             step = self._run(
@@ -927,29 +951,33 @@ class Tracker:
         fates.extend(self.broken.broke(broken))
         new.append(broken)
 
-    def _broken_stream(self, stream: Stream, body: bytes | None) -> Step:
+    def _broken_stream(self, stream: Stream, body: bytes | None, poll: bool = False) -> Step:
         """A stream that no resume checks ended by an error or EOF: the
         requests whose answers it was to carry are broken.  With no event id
         received nothing can resume it (``not_resumable``, and their reissue
-        window starts); with one, its lineage waits for a resume."""
+        window starts); with one, its lineage waits for a resume.  ``poll``:
+        the server closed it on purpose, which breaks nothing unless the
+        client does not resume it (its lineage waits too)."""
         session = stream.session
         pending = session.pending
-        if not pending:
-            return NOTHING
+        if not pending or session.terminated:
+            return NOTHING  # nothing awaited, or the client ended the session itself
         legacy = stream.transport == SSE
+        # An answer the stream handed to the application came, taken or not.
+        handed = stream.unconsumed_responses
         keys = [
             key
             for key, (_, lineage) in pending.items()
-            if lineage == stream.lineage or (legacy and lineage is None)
+            if (lineage == stream.lineage or (legacy and lineage is None)) and key not in handed
         ]
         if not keys:
             return NOTHING
         calls = dict(calls_in(body)) if body is not None else {}
         new: list[Broken] = []
         fates: list[Decided] = []
-        for key in keys:
+        for key in keys if not poll else ():
             self._record_break(stream, key, pending[key][0], calls.get(key), new, fates)
-        if stream.last_received is None:
+        if stream.last_received is None and not poll:
             why = "nothing could resume the stream (it carried no event id)"
             window = self.broken.stop(session, keys, time.monotonic(), why, None)
             return Step(broke=tuple(new), fates=tuple(fates), window=window, not_resumable=True)
