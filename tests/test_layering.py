@@ -17,8 +17,10 @@ PACKAGE = (
 
 # Each module and the package modules it must never import at run time.
 ABOVE = {
-    "continuity": {"tracker", "facts", "redaction", "deadlines", "telemetry", "monitor",
-                   "processor", "patches"},
+    "continuity": {"fates", "tracker", "facts", "redaction", "deadlines", "telemetry",
+                   "monitor", "processor", "patches"},
+    "fates": {"tracker", "facts", "redaction", "deadlines", "telemetry", "monitor",
+              "processor", "patches"},
     "tracker": {"facts", "redaction", "deadlines", "telemetry", "monitor", "processor",
                 "patches"},
     "facts": {"redaction", "deadlines", "telemetry", "monitor", "processor", "patches"},

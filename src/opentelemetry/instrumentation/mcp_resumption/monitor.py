@@ -241,15 +241,20 @@ class ResumptionMonitor:
         ``attributes``: ``request_attributes(facts)`` if the caller has them.
         A request that does not show MCP itself gets its span, if its answer
         does, when the answer arrives."""
-        if facts.last_event_id is None or not facts.mcp:
-            if facts.body is not None and b"notifications/cancelled" in facts.body:
-                session_id = facts.session_id or facts.legacy_session_id
+        if facts.body is not None:
+            session_id = facts.session_id or facts.legacy_session_id
+            if self.tracker.broken.awaits(facts.server):
+                # Matched as it is sent: its answer may come after the window.
+                self._fated(self.tracker.reissued(facts.server, session_id, facts.path, facts.body))
+            if b"notifications/cancelled" in facts.body:
                 self.tracker.cancelling(facts.server, session_id, facts.path, facts.body)
+        if facts.last_event_id is None or not facts.mcp:
             if facts.method == "DELETE" and facts.session_id:
                 # Before the answer: the server closes the session's streams
                 # while it handles the DELETE.
                 self._fated(self.tracker.session_terminated(facts.server, facts.session_id))
             return None
+        self.tracker.resuming(facts.server, facts.last_event_id, facts.session_id, facts.path)
         hop = self._unpark((facts.server, facts.last_event_id, facts.session_id))
         if hop is not None:
             return hop.resume  # the next hop of the same attempt
@@ -283,9 +288,6 @@ class ResumptionMonitor:
                 return candidate
             return None
         self.server_seen(facts.host, facts.port)
-        if facts.body is not None and self.tracker.broken.awaits(facts.server):
-            session_id = facts.session_id or facts.legacy_session_id
-            self._fated(self.tracker.reissued(facts.server, session_id, facts.path, facts.body))
         if resume is None and facts.last_event_id is not None:
             resume = self.begin_request(replace(facts, mcp=True))
         if not event_stream:

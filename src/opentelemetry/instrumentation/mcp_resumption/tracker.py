@@ -601,6 +601,21 @@ class Tracker:
             watch=SEEN_WINDOW,
         )
 
+    def resuming(
+        self, server: str, last_event_id: str, session_id: str | None, path: str | None = None
+    ) -> None:
+        """A resume of this cursor is on its way: the lineage goes on, so
+        its grace may not end it while the answer (or the SDK's next try)
+        is awaited."""
+        cursor = bounded_id(last_event_id) or None
+        if cursor is None:
+            return
+        with self._lock:
+            self._flush(fold=True)
+            owner = self._cursor_owner(server, cursor, session_id, path)
+            if owner is not None:
+                owner.resumed_again = True
+
     def cursor_session(self, server: str, last_event_id: str | None) -> str | None:
         """The session of the stream a cursor would resume, if it is tracked."""
         cursor = bounded_id(last_event_id) or None
@@ -1124,6 +1139,8 @@ class Tracker:
         closed = []
         holders: dict[int, Stream] = {}
         for decided in fates:
+            # Settled: no later end of its lineage may record it again.
+            decided.broken.session.answered((decided.broken.key,))
             holder = decided.broken.holder
             if holder is None or holder.check is None:
                 continue

@@ -56,16 +56,16 @@ def _error_message(ctx: Any, error: ResumptionGapError) -> Any:
     return SessionMessage(wrap(answer))
 
 
-# Put in a task's list of enforced errors once its request has been failed.
-_ANSWERED = object()
+class _Answered:
+    """Put in a task's list of enforced errors once its request has been failed."""
 
 
 async def _fail_request(ctx: Any, raised: list) -> None:
     """Answer the pending request with the first enforced error, once."""
-    if not raised or raised[0] is _ANSWERED:
+    if not raised or raised[0] is _Answered:
         return
     error = raised[0]
-    raised[:] = [_ANSWERED]
+    raised[:] = [_Answered]
     message = guarded("failing the pending request", _error_message, ctx, error)
     if message is None:
         return
@@ -90,7 +90,7 @@ def _reconnect(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
 
 
 async def _outermost(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
-    raised: list = []  # errors enforced on this request; _ANSWERED once failed
+    raised: list = []  # errors enforced on this request; _Answered once failed
     token = owner.enforced_errors.set(raised)
     hops: list = []  # keys of the hops parked inside this loop
     hops_token = owner.hop_scope.set(hops)
