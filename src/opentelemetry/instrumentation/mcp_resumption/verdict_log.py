@@ -206,6 +206,12 @@ class VerdictLog:
         except Exception:  # at exit, in the host's process: never a traceback
             pass
 
+    def _after_fork(self) -> None:
+        """A forked child sums up its own resumes, not its parent's."""
+        self._lock = threading.Lock()
+        self._servers = {}
+        self._budget = _Budget()
+
     def reset(self) -> None:
         """Forget the tally (tests)."""
         with self._lock:
@@ -222,6 +228,8 @@ class VerdictLog:
 
 
 verdicts = VerdictLog()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=verdicts._after_fork)
 
 
 def summary_lines() -> list[str]:
