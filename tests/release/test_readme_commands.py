@@ -185,7 +185,8 @@ def test_the_examples_as_a_new_user_runs_them(demo, clone):
         server.wait(timeout=30)
     assert "result: liftoff" in result.stdout
     page = (ROOT / "examples" / "README.md").read_text()
-    [shown] = [b for b in re.findall(r"^```\n(.*?)^```$", page, re.S | re.M) if "verdict" in b]
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```$", page, re.S | re.M)
+    [shown] = [body for kind, body in blocks if not kind and "verdict" in body]
     printed = [line for line in result.stderr.splitlines() if line.startswith("mcp-resumption ")]
     assert printed == shown.replace("8000", str(port)).strip().splitlines(), result.stderr
 
