@@ -105,6 +105,12 @@ def burn_cases() -> list[dict[str, Any]]:
         case("quiet on a fresh Prometheus with old counters",
              [attempts("resumed", "0+100x120"), attempts("gap", "500x120")],
              [check(a, t) for a in (fast, burn, slow) for t in ("5m", "90m")]),
+        case("failed resumes (no HTTP answer) burn the budget: 17 % failed pages",
+             [attempts("resumed", "0+100x90"), attempts("failed", "0+20x90")],
+             [check(fast, "60m", expected(fast, **SRV))]),
+        case("breaks with nothing to resume are no resumes: they burn no budget",
+             [attempts("resumed", "0+100x240"), attempts("not_resumable", "0+50x240")],
+             [check(a, "180m") for a in (fast, burn, slow)]),
     ]
 
 
@@ -155,6 +161,14 @@ def share_cases() -> list[dict[str, Any]]:
         case("rejected share steady at 17 %: not rising",
              [attempts("resumed", "0+10x600"), attempts("rejected", "0+2x600")],
              [check(rejected, "600m")]),
+        case("refused resumes whose requests were lost are rejected: the share rises",
+             [attempts("resumed", "0+10x600"), attempts("rejected", "0x540 0+5x60"),
+              gaps("orphaned_request", "0x540 0+5x60")],
+             [check(rejected, "600m", expected(rejected, **SRV))]),
+        case("breaks with nothing to resume do not dilute the rejected share",
+             [attempts("resumed", "0+10x600"), attempts("rejected", "0x540 0+5x60"),
+              attempts("not_resumable", "0+100x600")],
+             [check(rejected, "600m", expected(rejected, **SRV))]),
         case("rejected quiet after a scrape outage and with old counters",
              [attempts("resumed", "0+10x100 _x30 1300+10x60"),
               attempts("rejected", "40x100 _x30 40x60"),
@@ -172,6 +186,32 @@ def share_cases() -> list[dict[str, Any]]:
              [check(unverifiable, t) for t in ("25m", "61m", "80m")]),
     ]
     return cases
+
+
+def not_resumable_cases() -> list[dict[str, Any]]:
+    alert = "McpResumptionBreaksNotResumable"
+    return [
+        case("the fleet moves onto servers without resumption: from 84m over half the "
+             "breaks are not resumable, firing 15m later",
+             [attempts("resumed", "0+2x60 120x60"), attempts("not_resumable", "0x60 0+3x60")],
+             [check(alert, "80m"), check(alert, "95m"), check(alert, "110m", expected(alert, **SRV))]),
+        case(f"{alert} quiet: 30 % not resumable, and 100 % of too few",
+             [attempts("resumed", "0+7x120"), attempts("not_resumable", "0+3x120"),
+              attempts("not_resumable", "0x10 1x30 2x30 3x50", server=OTHER)],
+             [check(alert, t) for t in ("60m", "110m")]),
+        case(f"{alert} quiet after a scrape outage: the breaks before it are not news",
+             [attempts("resumed", "0+9x20 _x20 180+9x40"),
+              attempts("not_resumable", "50x20 _x20 50x40")],
+             [check(alert, t) for t in ("41m", "50m", "80m")]),
+        case(f"{alert} quiet on a fresh Prometheus with old counters",
+             [attempts("not_resumable", "800x90", server=OLD), attempts("resumed", "0+1x90", server=OLD)],
+             [check(alert, t) for t in ("25m", "80m")]),
+        case(f"{alert} a lost call at a break with no resume warns at once as a lost tool call",
+             [attempts("not_resumable", "0x10 1x30"), gaps("orphaned_request", "0x10 1x30")],
+             [check("McpResumptionLostToolCall", "13m", expected(
+                 "McpResumptionLostToolCall", **SRV, mcp_resumption_gap_kind="orphaned_request")),
+              check(alert, "30m")]),
+    ]
 
 
 def evicted_cases() -> list[dict[str, Any]]:
@@ -202,6 +242,7 @@ def build() -> dict[str, Any]:
     tests += gap_cases("McpResumptionEventIdRegression", "id_regression", "session_changed")
     tests += gap_cases("McpResumptionReplayInconsistent", "id_reused", "session_changed")
     tests += share_cases()
+    tests += not_resumable_cases()
     tests += evicted_cases()
     return {"rule_files": ["alerts.yaml"], "evaluation_interval": "1m", "tests": tests}
 

@@ -30,9 +30,17 @@ DURATION = "mcp_client_resumption_duration_seconds"
 REPLAYED = "mcp_client_resumption_replayed_events"
 EVENTS = "mcp_client_stream_events_total"
 EVICTED = "mcp_client_resumption_evicted_streams_total"
+BROKEN = "mcp_client_resumption_broken_requests_total"
 LOST = 'mcp_resumption_gap_kind=~"orphaned_request|drain_race"'
 GOOD = 'mcp_resumption_outcome=~"resumed|caught_up"'
-VERIFIABLE = 'mcp_resumption_outcome!="unverifiable"'
+# A break with nothing to resume with is counted as an attempt (outcome
+# not_resumable) but is no resume: the resume panels and the SLI leave it out.
+RESUMES = 'mcp_resumption_outcome!="not_resumable"'
+VERIFIABLE = 'mcp_resumption_outcome!~"unverifiable|not_resumable"'
+NOT_RESUMABLE = 'mcp_resumption_outcome="not_resumable"'
+# The share of breaks not resumable above which McpResumptionBreaksNotResumable
+# warns (alerts.yaml): the dashboard colours the same share.
+NOT_RESUMABLE_SHARE = 0.5
 UNVERIFIABLE = 'mcp_resumption_outcome="unverifiable"'
 REJECTED = 'mcp_resumption_outcome="rejected"'
 SSE_TO_HTTP = 'mcp_transport="streamable-http", mcp_resumption_previous_transport="sse"'
@@ -199,15 +207,16 @@ def build() -> dict[str, Any]:
     ), 4, 4)
     lay.add(stat(
         "Resume attempts in range",
-        "Reconnects with Last-Event-ID that reached a verdict in the time range. The "
+        "Reconnects with Last-Event-ID that reached a verdict in the time range (every "
+        "outcome but not_resumable: a break with nothing to resume with is no resume). The "
         "shares beside it are out of these; few attempts make the shares noisy.",
-        f"sum({inc(ATTEMPTS)})", "short", [{"color": "text", "value": None}], decimals=0,
+        f"sum({inc(ATTEMPTS, RESUMES)})", "short", [{"color": "text", "value": None}], decimals=0,
     ), 4, 4)
     lay.add(stat(
         "Resumes proven continuous",
         "Share of resumes proven continuous or caught up. Low means streams are resumed "
         "into gaps, re-initialised or rejected: look at the outcome and gap panels.",
-        f"sum({inc(ATTEMPTS, GOOD)}) / sum({inc(ATTEMPTS)})", "percentunit",
+        f"sum({inc(ATTEMPTS, GOOD)}) / sum({inc(ATTEMPTS, RESUMES)})", "percentunit",
         [{"color": "red", "value": None}, {"color": "orange", "value": 0.9},
          {"color": "green", "value": 0.99}], **share,
     ), 4, 4)
@@ -215,7 +224,7 @@ def build() -> dict[str, Any]:
         "Resumes unverifiable",
         "Share of resumes whose event ids give no ordering evidence (UUIDs) or whose "
         "cursor was evicted: a lost event there would go unnoticed.",
-        f"sum({inc(ATTEMPTS, UNVERIFIABLE)}) / sum({inc(ATTEMPTS)})",
+        f"sum({inc(ATTEMPTS, UNVERIFIABLE)}) / sum({inc(ATTEMPTS, RESUMES)})",
         "percentunit", [{"color": "text", "value": None}, {"color": "orange", "value": 0.5}],
         **share,
     ), 4, 4)
@@ -223,14 +232,16 @@ def build() -> dict[str, Any]:
         "Resumes rejected",
         "Share of resumes answered 4xx/5xx: the session or cursor was gone on the server. "
         "A rising share means the servers drop sessions clients still use.",
-        f"sum({inc(ATTEMPTS, REJECTED)}) / sum({inc(ATTEMPTS)})",
+        f"sum({inc(ATTEMPTS, REJECTED)}) / sum({inc(ATTEMPTS, RESUMES)})",
         "percentunit", [{"color": "text", "value": None}, {"color": "orange", "value": 0.2}],
         **share,
     ), 4, 4)
     lay.add(timeseries(
         "Resume outcomes",
-        "Resumes per second by outcome. resumed/caught_up are good; gap, reinitialized and "
-        "rejected lost events; unverifiable could not be checked.",
+        "Resume attempts per second by outcome. resumed/caught_up are good; gap, "
+        "reinitialized, rejected (4xx/5xx) and failed (no HTTP answer) lost events; "
+        "unverifiable could not be checked; not_resumable is a break with requests in "
+        "flight and nothing to resume with (no event id, or protocol 2026-07-28).",
         [target(f"sum by (mcp_resumption_outcome) ({rate(ATTEMPTS)})",
                 "{{mcp_resumption_outcome}}")], "reqps",
     ), 16, 8)
@@ -357,6 +368,35 @@ def build() -> dict[str, Any]:
         f"sum by (server_address, server_port, mcp_resumption_outcome) ({inc(ATTEMPTS)}) > 0",
         ["server_address", "server_port", "mcp_resumption_outcome"], "resumes", decimals=0,
     ), 12, 9)
+
+    # Last, so that the panels above keep their ids (and the links to them).
+    lay.row("Broken calls")
+    lay.add(timeseries(
+        "Broken calls by fate",
+        "JSON-RPC requests whose answer stream broke (a connection error or EOF before the "
+        "answer), per second, by fate: answered (the answer came later, on a resumed stream "
+        "or another), reissued (the application sent the same call again under a new id), "
+        "lost (neither, once the client stopped waiting: also an orphaned_request gap). "
+        "lost above 0 is a lost tool call.",
+        [target(f"sum by (mcp_resumption_request_fate) ({rate(BROKEN)})",
+                "{{mcp_resumption_request_fate}}")], "reqps",
+    ), 12, 8)
+    lay.add(table(
+        "Breaks not resumable by server",
+        "Per server, in the time range: breaks with requests in flight and nothing to resume "
+        "with (outcome not_resumable: no event id received, or protocol 2026-07-28), out of "
+        "every attempt (not_resumable plus every resume outcome). High means the breaks "
+        "against that server lose their calls unless the application re-issues them: a fleet "
+        f"moved onto servers without resumption. McpResumptionBreaksNotResumable warns above "
+        f"{NOT_RESUMABLE_SHARE * 100:g} % of at least 10 in an hour.",
+        f"sum by (server_address, server_port) ({inc(ATTEMPTS, NOT_RESUMABLE)})"
+        f" / (sum by (server_address, server_port) ({inc(ATTEMPTS)}) > 0)",
+        ["server_address", "server_port"], "not resumable", unit="percentunit", decimals=1,
+        min=0, max=1, color={"mode": "thresholds"},
+        thresholds={"mode": "absolute", "steps": [
+            {"color": "text", "value": None}, {"color": "orange", "value": NOT_RESUMABLE_SHARE}]},
+        custom={"cellOptions": {"type": "color-text"}},
+    ), 12, 8)
 
     links = [
         {"title": "mcp.resume traces of this server (Tempo)", "url":

@@ -81,6 +81,11 @@ class Telemetry:
     def gap_kinds(self) -> dict[str, int]:
         return self.counts("mcp.client.resumption.gaps", "mcp.resumption.gap.kind")
 
+    def fates(self) -> dict[str, int]:
+        return self.counts(
+            "mcp.client.resumption.broken_requests", "mcp.resumption.request.fate"
+        )
+
     def outcomes(self) -> dict[str, int]:
         return self.counts("mcp.client.resumption.attempts", "mcp.resumption.outcome")
 

@@ -31,7 +31,8 @@ STEP = 15
 
 
 def truth(rows: list[dict]) -> dict:
-    attempts, gaps = Counter(), Counter()
+    attempts, gaps, fates = Counter(), Counter(), Counter()
+    attempts_by_server: Counter = Counter()
     by_server_kind, by_server_outcome, gaps_by_server = Counter(), Counter(), Counter()
     replayed, crossings, events = Counter(), 0, 0
     duration_sum, duration_count = 0.0, 0
@@ -41,6 +42,8 @@ def truth(rows: list[dict]) -> dict:
         counted, port = row["counted"], str(row["server_port"])
         attempts.update(counted["attempts"])
         gaps.update(counted["gaps"])
+        fates.update(counted["fates"])
+        attempts_by_server[port] += sum(counted["attempts"].values())
         for kind, n in counted["gaps"].items():
             by_server_kind[(port, kind)] += n
             gaps_by_server[port] += n
@@ -56,18 +59,26 @@ def truth(rows: list[dict]) -> dict:
             scenario_means.append((duration["sum"] / duration["count"], duration["count"]))
         counts = duration["bucket_counts"]
         buckets = counts if buckets is None else [a + b for a, b in zip(buckets, counts)]
-    all_attempts = sum(attempts.values())
+    # a break with nothing to resume with is an attempt, not a resume
+    resumes = sum(attempts.values()) - attempts["not_resumable"]
     good = attempts["resumed"] + attempts["caught_up"]
-    verifiable = all_attempts - attempts["unverifiable"]
+    verifiable = resumes - attempts["unverifiable"]
     sli = good / verifiable
+    # per server: not_resumable out of every attempt (not_resumable + each resume outcome)
+    not_resumable_share = {
+        port: by_server_outcome[(port, "not_resumable")] / n
+        for port, n in attempts_by_server.items()
+        if n
+    }
     return {
-        "attempts": attempts, "gaps": gaps, "all_attempts": all_attempts,
+        "attempts": attempts, "gaps": gaps, "resumes": resumes, "fates": fates,
+        "not_resumable_share": not_resumable_share,
         "by_server_kind": by_server_kind, "by_server_outcome": by_server_outcome,
         "gaps_by_server": gaps_by_server, "ports": {str(r["server_port"]) for r in rows},
         "sli": sli, "replayed": replayed, "crossings": crossings, "events": events,
         "bounds": rows[0]["counted"]["duration"]["bounds"], "buckets": buckets,
-        "shares": {o: attempts[o] / all_attempts for o in ("unverifiable", "rejected")},
-        "good_share": good / all_attempts,
+        "shares": {o: attempts[o] / resumes for o in ("unverifiable", "rejected")},
+        "good_share": good / resumes,
         "duration_sum": duration_sum, "duration_count": duration_count,
         "median": _weighted_median(scenario_means),
     }  # fmt: skip
@@ -151,7 +162,7 @@ def compare(prometheus: Prometheus, rows: list[dict], at: float) -> list[tuple]:
     lost = t["gaps"]["orphaned_request"] + t["gaps"]["drain_race"]
     stat("Lost tool calls in range", lost)
     stat("Gaps in range", sum(t["gaps"].values()))
-    stat("Resume attempts in range", t["all_attempts"])
+    stat("Resume attempts in range", t["resumes"])
     stat("Resumes proven continuous", t["good_share"])
     stat("Resumes unverifiable", t["shares"]["unverifiable"])
     stat("Resumes rejected", t["shares"]["rejected"])
@@ -183,6 +194,7 @@ def compare(prometheus: Prometheus, rows: list[dict], at: float) -> list[tuple]:
     rates("Gaps per second by kind", "mcp_resumption_gap_kind", t["gaps"])
     rates("Resumes that crossed a transport generation", None, {"all": t["crossings"]})
     rates("Stream events per second", None, {"all": t["events"]})
+    rates("Broken calls by fate", "mcp_resumption_request_fate", t["fates"])
     # evicted: the truth is 0, so the panel must show a series at 0, not nothing
     [evicted] = found["Tracked streams evicted"]["targets"]
     result = series(prometheus, evicted["expr"], at)
@@ -206,6 +218,15 @@ def compare(prometheus: Prometheus, rows: list[dict], at: float) -> list[tuple]:
 
     table("Gaps by server and kind", "mcp_resumption_gap_kind", t["by_server_kind"])
     table("Resumes by server and outcome", "mcp_resumption_outcome", t["by_server_outcome"])
+
+    title = "Breaks not resumable by server"
+    result = instant(prometheus, found[title]["targets"][0]["expr"], at)
+    shown_share = {r["metric"]["server_port"]: float(r["value"][1]) for r in result}
+    true_share = t["not_resumable_share"]
+    ok = set(shown_share) == set(true_share) and all(
+        close(shown_share[port], share) for port, share in true_share.items()
+    )
+    check(title, shown_share, true_share, ok)
 
     bars = instant(prometheus, found["Servers ranked by gaps"]["targets"][0]["expr"], at)
     shown_bars = {r["metric"]["server_port"]: float(r["value"][1]) for r in bars}
@@ -234,7 +255,10 @@ def compare(prometheus: Prometheus, rows: list[dict], at: float) -> list[tuple]:
     result = instant(prometheus, mean["expr"], at)
     shown_mean = {r["metric"]["mcp_resumption_outcome"]: float(r["value"][1]) for r in result
                   if r["value"][1] != "NaN"}  # fmt: skip
-    true_mean = {o: t["replayed"].get(o, 0) / n for o, n in t["attempts"].items() if n}
+    # per resume: a break with nothing to resume (not_resumable) replays nothing
+    # and records no resume
+    true_mean = {o: t["replayed"].get(o, 0) / n for o, n in t["attempts"].items()
+                 if n and o != "not_resumable"}  # fmt: skip
     ok = set(shown_mean) == set(true_mean) and all(
         close(shown_mean[o], v) for o, v in true_mean.items()
     )
@@ -262,3 +286,10 @@ def test_every_panel_shows_what_the_demo_counted(shipped_stack):
     # the failure the issue reported: nothing, or 0, where the truth is not 0
     lost = next(r for r in report if r[0] == "Lost tool calls in range")
     assert lost[1] and lost[1] > 0, table
+    # and the failure of breaks without a resume: the demo's stateless rows
+    # re-issue one call and lose one, against servers whose breaks all were
+    # not resumable
+    fates = next(r for r in report if r[0] == "Broken calls by fate")
+    assert fates[1].get("reissued", 0) > 0 and fates[1].get("lost", 0) > 0, table
+    shares = next(r for r in report if r[0] == "Breaks not resumable by server")
+    assert 1.0 in shares[1].values() and 0.0 in shares[1].values(), table

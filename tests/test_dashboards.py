@@ -57,6 +57,7 @@ EMITTED_METRICS: tuple[str, ...] = (
     "mcp_client_resumption_replayed_events",
     "mcp_client_stream_events_total",
     "mcp_client_resumption_evicted_streams_total",
+    "mcp_client_resumption_broken_requests_total",
 )
 HISTOGRAMS = frozenset(
     {"mcp_client_resumption_duration_seconds", "mcp_client_resumption_replayed_events"}
@@ -64,7 +65,11 @@ HISTOGRAMS = frozenset(
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 SCRAPE_LABELS = frozenset({"job", "instance"})
 
-OUTCOMES = frozenset({"resumed", "caught_up", "gap", "reinitialized", "rejected", "unverifiable"})
+OUTCOMES = frozenset(
+    {"resumed", "caught_up", "gap", "reinitialized", "rejected", "unverifiable",
+     "not_resumable", "failed"}
+)  # fmt: skip
+FATES = frozenset({"answered", "reissued", "lost"})
 GAP_KINDS = frozenset(
     {
         "session_changed",
@@ -83,6 +88,7 @@ LABEL_VALUES: dict[str, frozenset[str]] = {
     "mcp_resumption_gap_kind": GAP_KINDS,
     "mcp_transport": TRANSPORTS,
     "mcp_resumption_previous_transport": TRANSPORTS | {"none"},
+    "mcp_resumption_request_fate": FATES,
 }
 METRIC_LABELS: dict[str, frozenset[str]] = {
     "mcp_client_resumption_attempts_total": frozenset(
@@ -103,6 +109,9 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "mcp_client_resumption_replayed_events": frozenset({"mcp_resumption_outcome", "mcp_transport"}),
     "mcp_client_stream_events_total": frozenset({"mcp_transport", "server_address", "server_port"}),
     "mcp_client_resumption_evicted_streams_total": frozenset(),
+    "mcp_client_resumption_broken_requests_total": frozenset(
+        {"mcp_resumption_request_fate", "mcp_transport", "server_address", "server_port"}
+    ),
 }
 
 # --- a small PromQL scanner: enough to find selectors and grouping labels ----
@@ -393,6 +402,17 @@ def test_dashboard_has_the_agreed_panels(dashboard: dict[str, Any]) -> None:
         r'.* or .*mcp_transport="sse", mcp_resumption_previous_transport="streamable-http"'
     )
     assert some(r"rate\(mcp_client_stream_events_total")
+    assert some(
+        r"sum by \(mcp_resumption_request_fate\) \("
+        r"rate\(mcp_client_resumption_broken_requests_total"
+    )
+    # the share of breaks not resumable, per server: not_resumable over every attempt
+    assert some(
+        r'sum by \(server_address, server_port\) \(increase\(mcp_client_resumption_attempts_total'
+        r'\{[^}]*mcp_resumption_outcome="not_resumable"\}\[1h\]\)\)'
+        r' / \(sum by \(server_address, server_port\) \(increase\('
+        r"mcp_client_resumption_attempts_total\{[^}]*\}\[1h\]\)\) > 0\)"
+    )
 
 
 def test_panel_queries_substitutes_every_variable(dashboard: dict[str, Any]) -> None:
@@ -538,6 +558,25 @@ def test_the_agreed_alerts_exist() -> None:
     ), "the unverifiable alert is info and needs a minimum number of attempts"
     assert alerts_on(r"mcp_client_resumption_evicted_streams_total")
     assert alerts_on(r'mcp_resumption_outcome="rejected"')
+    # breaks that stop being resumable warn, on a share with a minimum volume
+    not_resumable = alerts_on(r'mcp_resumption_outcome="not_resumable"')
+    assert [rule["alert"] for rule in not_resumable] == ["McpResumptionBreaksNotResumable"]
+    assert all(
+        rule["labels"]["severity"] == "warning" and ">=" in rule["expr"] and "/" in rule["expr"]
+        for rule in not_resumable
+    )
+    # a break with nothing to resume is no resume: every share of resumes, and
+    # the SLI, leaves it out (the not-resumable share alone counts it)
+    for rule in _all_rules():
+        name = rule.get("alert") or rule["record"]
+        if name in ("McpResumptionBreaksNotResumable", "mcp_resumption:slo_target"):
+            continue
+        for selector in parse_promql(rule["expr"]).selectors:
+            if selector.name == "mcp_client_resumption_attempts_total":
+                outcome = [m for m in selector.matchers if m[0] == "mcp_resumption_outcome"]
+                assert outcome, f"{name}: every outcome, not_resumable too: {rule['expr']}"
+                [(_, operator, value)] = outcome
+                assert ("not_resumable" in value) == (operator in ("!=", "!~")), name
 
 
 def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
@@ -627,7 +666,8 @@ def test_promtool(args: tuple[str, ...]) -> None:
 
 def test_dashboard_rows_variables_and_import(dashboard: dict[str, Any]) -> None:
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
-    assert rows == ["Overview", "SLO and error budget", "Gaps", "Latency", "Per server"]
+    assert rows == ["Overview", "SLO and error budget", "Gaps", "Latency", "Per server",
+                    "Broken calls"]  # fmt: skip
     variables = _variables(dashboard)
     assert {"datasource", "job", "instance", "server_address", "slo_target"} <= set(variables)
     assert variables["server_address"]["query"]["query"].endswith(", server_address)")
@@ -638,6 +678,12 @@ def test_dashboard_rows_variables_and_import(dashboard: dict[str, Any]) -> None:
     # the SLO target of the dashboard is the one of the recording rules
     [target] = [r for r in _all_rules() if r.get("record") == "mcp_resumption:slo_target"]
     assert target["expr"].strip() == f"vector({variables['slo_target']['query']})"
+    # the share of breaks not resumable that the dashboard colours is the alert's
+    [alert] = [r for r in _alert_rules() if r["alert"] == "McpResumptionBreaksNotResumable"]
+    [threshold] = re.findall(r"\) > (0\.\d+)", alert["expr"])
+    [share] = [p for p in _panels(dashboard) if p["title"] == "Breaks not resumable by server"]
+    steps = share["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps[-1]["value"] == float(threshold), (steps, threshold)
     assert any(p["type"] == "alertlist" for p in _panels(dashboard))
 
 

@@ -10,6 +10,7 @@ nothing here detects gaps, it only asserts what crossed the wire.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 import time
@@ -26,8 +27,14 @@ from mcp_resumption_demo.clients import (  # noqa: E402
     response_id,
     sdk_legacy_session,
 )
+from mcp_resumption_demo.fates import broken_request_fates  # noqa: E402
 from mcp_resumption_demo.loopback import LoopbackServer  # noqa: E402
-from mcp_resumption_demo.router import SseScanner  # noqa: E402
+from mcp_resumption_demo.router import (  # noqa: E402
+    Exchange,
+    ForwardedEvent,
+    RequestHead,
+    SseScanner,
+)
 from mcp_resumption_demo.scenarios import (  # noqa: E402
     GAP_KINDS,
     OUTCOMES,
@@ -99,11 +106,15 @@ def test_scenarios_carry_design_names() -> None:
         "ts_store_lost_cursor",
         "faithful_resume_provable",
         "store_reset_guarded",
+        "stateless_cut_reissued",
+        "stateless_cut_lost",
     ]
     for scenario in scenarios:
         assert set(scenario.expected_gaps) <= set(GAP_KINDS), scenario.name
         assert scenario.expected_outcome in OUTCOMES, scenario.name
-        assert (scenario.expected_outcome == "gap") == bool(scenario.expected_gaps)
+        # A refused or unanswered resume keeps its outcome, whatever it loses.
+        if scenario.expected_outcome not in ("rejected", "failed", "not_resumable"):
+            assert (scenario.expected_outcome == "gap") == bool(scenario.expected_gaps)
         assert scenario.happened
 
 
@@ -200,6 +211,7 @@ def test_stateless_migration(run: _Run) -> None:
     resumed_on = {x.backend for x in wire.exchanges if x.last_event_id_sent is not None}
     assert resumed_on == {"sdk-stateless"}
     assert wire.tool_result is None or not wire.tool_result.arrived
+    assert wire.fates == {"lost": 1}
 
 
 @pytest.mark.parametrize(
@@ -225,6 +237,7 @@ def test_faithful_resume(run: _Run, name: str) -> None:
     assert all(e.consumed for e in resume.events)
     before_ids = {e.id for e in wire.received_before}
     assert not before_ids & set(resume.event_ids)  # strictly after the cursor
+    assert wire.fates == {"answered": 1}
     if name == "faithful_resume_int":
         assert all(_n(i) > _n(cursor) for i in resume.event_ids)
     elif name == "faithful_resume_prefixed":
@@ -393,3 +406,70 @@ def test_ts_store_lost_cursor(run: _Run) -> None:
     [answer] = [e for e in wire.lost(request_id) if e["message"].get("id") == request_id]
     assert "result" in answer["message"]
     assert wire.tool_result is None or not wire.tool_result.arrived
+
+
+@pytest.mark.parametrize("name", ["stateless_cut_reissued", "stateless_cut_lost"])
+def test_stateless_cut(run: _Run, name: str) -> None:
+    """A stateless server's tools/call stream was cut mid-call with no event
+    id on it: no resume was tried; the application re-issued the call (same
+    method and params, a new id) and got its answer, or gave up on it."""
+    wire = run.wires[name]
+    cut = next(x for x in wire.exchanges if x.severed)
+    assert cut.request.jsonrpc_method == "tools/call"
+    assert [e.id for e in cut.events] == [None] and "notifications/progress" in cut.events[0].data
+    (request_id,) = wire.in_flight
+    assert wire.resumes == [] and not any(x.last_event_id_sent for x in wire.exchanges)
+    assert not any(x.request.method == "GET" for x in wire.exchanges)
+    if MCP_MAJOR >= 2:  # Client(url): 2026-07-28, no session
+        assert cut.request.header("mcp-protocol-version") == "2026-07-28"
+        assert wire.session_id_before is None
+    calls = [x for x in wire.exchanges if x.request.jsonrpc_method == "tools/call"]
+    answered = [x for x in wire.exchanges for e in x.events if response_id(e) == request_id]
+    assert answered == []
+    if name == "stateless_cut_reissued":
+        original, again = calls
+        message, reissued = original.request.jsonrpc, again.request.jsonrpc
+        assert reissued["id"] != message["id"]
+        assert {k: v for k, v in reissued["params"].items() if k != "_meta"} == {
+            k: v for k, v in message["params"].items() if k != "_meta"
+        }
+        assert response_id(again.events[-1]) == reissued["id"]
+        assert wire.tool_result is not None and wire.tool_result.text == "slow finished 3 steps"
+        assert wire.fates == {"reissued": 1}
+    else:
+        assert calls == [cut]
+        assert wire.tool_result is None or not wire.tool_result.arrived
+        assert wire.fates == {"lost": 1}
+
+
+def _exchange(index: int, body: dict, events: list[dict], *, severed: bool) -> Exchange:
+    head = RequestHead("POST", "/mcp", (), json.dumps(body).encode())
+    forwarded = [ForwardedEvent(None, "message", json.dumps(e)) for e in events]
+    return Exchange(index, head, "b", 200, events=forwarded, severed=severed)
+
+
+def test_broken_request_fates_reads_the_wire() -> None:
+    """The demo's truth about fates: answered, reissued (``_meta`` aside, a new
+    id) and lost are told apart, an answer before the cut is no break, and a
+    call with other arguments is no re-issue."""
+    progress = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}
+
+    def call(request_id: int, step: int, meta: int = 0) -> dict:
+        params = {"name": "slow", "arguments": {"steps": step}, "_meta": {"progressToken": meta}}
+        return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+
+    def answer(request_id: int) -> dict:
+        return {"jsonrpc": "2.0", "id": request_id, "result": {}}
+
+    log = [
+        _exchange(0, call(1, 1), [progress], severed=True),  # answered later (6)
+        _exchange(1, call(2, 2), [progress], severed=True),  # re-issued as 4
+        _exchange(2, call(3, 3), [progress], severed=True),  # lost: 5 has other arguments
+        _exchange(3, call(8, 8), [answer(8)], severed=True),  # answered before the cut
+        _exchange(4, call(4, 2, meta=4), [answer(4)], severed=False),
+        _exchange(5, call(5, 5), [answer(5)], severed=False),
+        _exchange(6, {"jsonrpc": "2.0", "method": "ping", "id": 7}, [answer(1)], severed=False),
+        # a second re-issue of 2 re-issues nothing more
+        _exchange(7, call(9, 2, meta=9), [answer(9)], severed=False),
+    ]
+    assert broken_request_fates(log) == {"answered": 1, "reissued": 1, "lost": 1}

@@ -136,7 +136,7 @@ def test_a_resume_whose_cursor_was_evicted_is_unverifiable(raw_server, session_k
             raw_server.reply(base + "/post", stream_script("A", ["p-1"]))
             consume("httpx2", raw_server.url + base + "/post", method="POST",
                     headers=[ACCEPT, (b"mcp-session-id", b"A")],
-                    body=b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}')
+                    body=b'{"jsonrpc": "2.0", "method": "notifications/initialized"}')
         tracker = instrumentor.processor.tracker
         assert tracker.evicted_streams > 0
         assert (f"127.0.0.1:{raw_server.port}", "A", None) in tracker._sessions or not session_kept

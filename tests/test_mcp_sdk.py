@@ -105,6 +105,9 @@ def test_sdk_reconnection_with_faithful_replay_is_resumed(telemetry):
     assert not is_error(result)
     assert result.content[0].text == "done"
     assert telemetry.gap_kinds() == {}
+    # The tool closes its stream on purpose and the client resumes: a poll,
+    # not a break.
+    assert telemetry.fates() == {}
     outcomes = telemetry.outcomes()
     assert set(outcomes) <= {"resumed", "caught_up"} and sum(outcomes.values()) >= 1
     [span, *_] = telemetry.resume_spans()
@@ -113,10 +116,16 @@ def test_sdk_reconnection_with_faithful_replay_is_resumed(telemetry):
 
 def test_sdk_reconnection_to_a_reset_counter_is_a_gap(telemetry):
     # What the SDK makes of the reset is its business; ours is to report it.
+    result = None
     with contextlib.suppress(Exception):
-        run_slow_call(telemetry, IntegerEventStore(reset_on_replay=True))
+        result = run_slow_call(telemetry, IntegerEventStore(reset_on_replay=True))
     assert telemetry.gap_kinds().get("id_regression", 0) >= 1
     assert "gap" in telemetry.outcomes()
+    # The reset stream still carries the tool's result, which the client got:
+    # observed, so never orphaned.
+    assert result is not None and result.content[0].text == "done", result
+    assert "orphaned_request" not in telemetry.gap_kinds()
+    assert telemetry.fates() == {}  # a poll's request, answered: never broken
 
 
 def leaves(error: BaseException) -> list[BaseException]:

@@ -13,6 +13,8 @@ GAP_SCENARIOS = {
     "drain_race": {"McpResumptionLostToolCall"},
     "stateless_migration": {"McpResumptionLostToolCall"},
     "poll_store_reset": {"McpResumptionLostToolCall"},
+    # lost at a break that nothing could resume: no resume, still a lost call
+    "stateless_cut_lost": {"McpResumptionLostToolCall"},
 }
 CONTROLS = (
     "faithful_resume_int",
@@ -66,7 +68,7 @@ def test_each_gap_scenario_raises_its_alert(shipped_stack):
     pages = {a["metric"]["server_port"] for a in prometheus.query('ALERTS{severity="page"}', at)}
     bad = (
         "mcp_client_resumption_attempts_total"
-        '{mcp_resumption_outcome=~"gap|reinitialized|rejected"}'
+        '{mcp_resumption_outcome=~"gap|reinitialized|rejected|failed"}'
     )
     three = {r["metric"]["server_port"] for r in prometheus.query(
         f"sum by (server_port) ({bad}) >= 3", at)}  # fmt: skip

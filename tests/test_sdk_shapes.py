@@ -286,8 +286,8 @@ def test_the_same_rejection_gives_the_same_outcome_each_time(
     server, instrumented, telemetry, library, in_flight
 ):
     """A restarted server answers both of the SDK's reconnects 404: with a
-    request in flight that is one attempt whose request is orphaned (a gap),
-    not a gap and then a rejection; with nothing in flight, two rejections."""
+    request in flight that is one rejected attempt whose request is orphaned,
+    not two attempts; with nothing in flight, two rejections."""
     path = f"/restarted-{library}-{in_flight}"
     session = {"mcp-session-id": f"restarted-{library}-{in_flight}"}
     first = [sse("1", _notice(1))] if in_flight else [sse("1", _notice(1)), sse("2", _result(4))]
@@ -310,7 +310,8 @@ def test_the_same_rejection_gives_the_same_outcome_each_time(
     assert asyncio.run(client()) == [404, 404]
     if in_flight:
         _wait_for(lambda: telemetry.outcomes())
-        assert telemetry.outcomes() == {"gap": 1}
+        # Refused is the outcome, with the request it then loses as its gap.
+        assert telemetry.outcomes() == {"rejected": 1}
         assert telemetry.gap_kinds() == {"orphaned_request": 1}
         assert len(telemetry.resume_spans()) == 1
     else:

@@ -105,10 +105,10 @@ def test_guard_on_the_python_client_stops_after_two_retries(telemetry):
         # caller's own timeout.  No loop: two resumes in all that time.
         assert isinstance(error, TimeoutError), error
     # The client side sees the refusal for what it is: the resume was refused
-    # (410) and the call in flight lost its answer, an orphaned_request, said
-    # at once; not the replay_unconfirmed of an empty 200, again and again.
+    # (410, outcome rejected) and the call in flight lost its answer, an
+    # orphaned_request; not the replay_unconfirmed of an empty 200, again and again.
     assert telemetry.gap_kinds() == {"orphaned_request": 1}
-    assert telemetry.outcomes() == {"gap": 1}
+    assert telemetry.outcomes() == {"rejected": 1}
     spans = telemetry.resume_spans()
     statuses = {span.attributes.get("http.response.status_code") for span in spans}
     assert statuses == {410}
@@ -159,3 +159,36 @@ def test_the_guard_leaves_a_faithful_resume_alone(telemetry, ts_client):
     assert report.get("result") == "done", report
     assert error is None and elapsed < CALL_TIMEOUT
     assert server_outcomes(telemetry) == {"replayed": 2}
+
+
+def test_enforce_the_repeated_empty_replay_fails_the_call_at_its_first_gap(telemetry):
+    """Seed 000's loop (200 and nothing, again and again) in enforce mode:
+    the first replay_unconfirmed fails the pending call; the SDK does not go
+    on resuming until the caller's own timeout."""
+    with (
+        server_instrumented(telemetry),
+        telemetry.instrumented(confirm_timeout=1, mode="enforce"),
+        running(build_app(lost_store())) as server,
+    ):
+        elapsed, error = asyncio.run(_call(server.url))
+    assert type(error).__name__ in ("McpError", "MCPError"), error
+    assert "ResumptionGapError" in str(error) and "replay" in str(error)
+    assert elapsed < CALL_TIMEOUT
+    assert telemetry.gap_kinds().get("replay_unconfirmed") == 1
+    assert server_outcomes(telemetry).get("unknown_cursor", 0) <= 2
+
+
+def test_enforce_a_refused_resume_fails_the_call_on_both_majors(telemetry):
+    """The guard refuses the resume: mcp 1.x, which gives up without
+    answering the call, now fails it with the verdict too."""
+    with (
+        server_instrumented(telemetry, guard="reject"),
+        telemetry.instrumented(confirm_timeout=1, mode="enforce"),
+        running(build_app(lost_store())) as server,
+    ):
+        elapsed, error = asyncio.run(_call(server.url))
+    assert type(error).__name__ in ("McpError", "MCPError"), error
+    assert elapsed < CALL_TIMEOUT
+    if MCP_MAJOR == 1:
+        assert "ResumptionGapError: the resume was rejected" in str(error)
+    assert telemetry.outcomes() == {"rejected": 1}

@@ -332,11 +332,15 @@ def run(s: Scenario) -> tuple[set[str], list[str]]:
     steps.append(t.stream_ended(resumed, "eof"))
     # The client resumes no more: the lineage ends, what it still held is lost.
     steps.append(t.lineage_ended(resumed, "the client stopped resuming"))
+    # ... and re-sends nothing within the reissue window.
+    steps.append(t.fates_due(0.0))
 
     kinds = {gap.kind.value for step in steps for gap in step.gaps}
+    kinds |= {d.gap.kind.value for step in steps for d in step.fates if d.gap is not None}
     verdicts = [step.verdict for step in steps if step.verdict is not None]
     kinds |= {gap.kind.value for verdict in verdicts for gap in verdict.gaps}
     finals = [step.final for step in steps if step.final is not None]
+    finals += [final for step in steps for _, final in step.closed]
     # One attempt, one final verdict, and it carries every gap of the attempt.
     assert len(finals) == 1, finals
     assert {gap.kind.value for gap in finals[0].gaps} == kinds

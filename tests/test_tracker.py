@@ -125,7 +125,9 @@ def test_rejected_without_pending_request_is_no_gap():
 def test_rejected_with_pending_request_orphans_it():
     run = scenario_rejected(pending=True)
     assert run.kinds == {"orphaned_request"}
-    assert run.outcome == "gap"
+    # Refused is the outcome, whatever the refusal then loses.
+    assert run.outcome == "rejected"
+    assert run.final_outcome == "rejected"
     assert [g.request_id for g in run.gaps] == ["7"]
 
 
@@ -430,7 +432,9 @@ def test_empty_poll_closed_by_the_server_is_no_gap_and_keeps_the_request():
     assert t.stream_ended(second, "the stream ended", clean=True).held
     # The first poll's deadline comes late: the request went on with the second.
     assert t.lineage_ended(first, "late deadline") is NOTHING_STEP
-    assert [g.request_id for g in t.lineage_ended(second, "gave up").gaps] == ["7"]
+    assert t.lineage_ended(second, "gave up").window
+    # Nothing re-sent it within the reissue window: lost.
+    assert [d.gap.request_id for d in t.fates_due(0.0).fates] == ["7"]
 
 
 def test_request_cut_twice_is_orphaned_only_when_its_lineage_ends():
@@ -449,8 +453,9 @@ def test_request_cut_twice_is_orphaned_only_when_its_lineage_ends():
     t.event_consumed(second)
     assert not t.stream_ended(second, "the stream ended", clean=True).gaps
     # The client resumes no more: now the request is orphaned, once.
-    orphaned = t.lineage_ended(second, "the client did not resume it")
-    assert [(g.kind.value, g.request_id) for g in orphaned.gaps] == [("orphaned_request", "7")]
+    assert t.lineage_ended(second, "the client did not resume it").window
+    orphaned = [d.gap for d in t.fates_due(0.0).fates]
+    assert [(g.kind.value, g.request_id) for g in orphaned] == [("orphaned_request", "7")]
     assert t.lineage_ended(second, "again") is NOTHING_STEP
 
 

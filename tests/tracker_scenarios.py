@@ -60,6 +60,8 @@ class Run:
     @property
     def gaps(self) -> list[Gap]:
         found = [gap for step in self.steps for gap in step.gaps]
+        # A lost request's orphaned_request gap, once its fate is decided.
+        found += [d.gap for step in self.steps for d in step.fates if d.gap is not None]
         if self.verdict is not None:
             found.extend(g for g in self.verdict.gaps if g not in found)
         return found
@@ -84,6 +86,7 @@ class Run:
     def final_outcome(self) -> str | None:
         """The attempt's one outcome, given when it closed (at most once)."""
         finals = [step.final for step in self.steps if step.final is not None]
+        finals += [final for step in self.steps for _, final in step.closed]
         assert len(finals) <= 1, finals
         return finals[0].outcome.value if finals else None
 
@@ -149,6 +152,10 @@ def resume(
         run.add(t.stream_ended(stream, end, closed_by_client=closed_by_client))
         if last:
             run.add(t.lineage_ended(stream, "the client stopped resuming"))
+    if last:
+        # The reissue window passes with nothing re-sent: the requests the
+        # attempt could not bring answers to are lost.
+        run.add(t.fates_due(0.0))
     return run
 
 

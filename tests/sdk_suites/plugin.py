@@ -140,6 +140,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _current[0] = item.nodeid
 
 
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    # A test's clients are gone with it: what they still waited for is lost
+    # now, as at a process's exit, and attributed to the test that lost it
+    # (the reissue window would otherwise end inside a later test).
+    processor = getattr(_instrumentor, "processor", None)
+    if processor is not None:
+        processor.stop_waiting("the test ended")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # One result per test: the first of setup, call, teardown that did not pass.
     if report.when == "call" or report.outcome != "passed":

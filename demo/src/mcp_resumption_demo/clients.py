@@ -50,6 +50,7 @@ __all__ = [
     "post_jsonrpc",
     "response_id",
     "sdk_legacy_session",
+    "sdk_stateless_session",
     "sdk_streamable_session",
 ]
 
@@ -386,6 +387,24 @@ async def sdk_streamable_session(url: str) -> AsyncIterator[SdkSession]:
             ):
                 await session.initialize()
                 yield _SdkSession(session)
+
+
+@contextlib.asynccontextmanager
+async def sdk_stateless_session(url: str) -> AsyncIterator[SdkSession]:
+    """The SDK client as a new user writes it, against a stateless server.
+
+    mcp 2.x: ``mcp.Client(url)``, whose default mode ("auto") sends
+    ``server/discover`` and speaks 2026-07-28: no session, no event ids, so
+    nothing to resume a broken stream with. mcp 1.x predates 2026-07-28: its
+    streamable-HTTP session (initialize, 2025-11-25), which against a server
+    without an event store receives no event ids either.
+    """
+    if MCP_MAJOR >= 2:
+        async with importlib.import_module("mcp").Client(url) as client:
+            yield _SdkSession(client)
+    else:
+        async with sdk_streamable_session(url) as session:
+            yield session
 
 
 @contextlib.asynccontextmanager

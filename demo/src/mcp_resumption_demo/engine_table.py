@@ -35,6 +35,8 @@ def _read(tracker: Tracker, stream: Stream, events: list[tuple[str, str]], kinds
 
 def _collect(step, kinds: set[str], outcomes: list[str]) -> None:
     kinds.update(gap.kind.value for gap in step.gaps)
+    # A lost request: its orphaned_request gap comes with its fate.
+    kinds.update(d.gap.kind.value for d in step.fates if d.gap is not None)
     if step.verdict is not None:
         outcomes.append(step.verdict.outcome.value)
 
@@ -96,6 +98,8 @@ def _drain_race(tracker, kinds, outcomes):
     )
     _collect(tracker.response(resumed, 200, "s-77"), kinds, outcomes)
     _read(tracker, resumed, [("e-105", _note(105))], kinds, outcomes)
+    # The reissue window passes and nothing re-sent tools/call 7: lost.
+    _collect(tracker.fates_due(0.0), kinds, outcomes)
 
 
 def _empty_replay(tracker, kinds, outcomes):

@@ -31,6 +31,10 @@ from . import scenarios
 from .scenarios import all_scenarios
 
 SETTLE_SECONDS = 1.0  # the confirmation window the demo runs with
+# How long a row whose wire gives the fates of its broken requests waits for
+# the plugin to count them all (a lost one is decided a confirmation window
+# after the client stopped waiting): a guard, the wait ends at the count.
+FATES_TIMEOUT = 10 * SETTLE_SECONDS
 # How long --prometheus-port waits for the scrape that sees every server at 0.
 FIRST_SCRAPE_TIMEOUT = 60.0
 
@@ -102,13 +106,15 @@ def _counted(reader: InMemoryMetricReader) -> dict[str, Any]:
         "transport_crossings": {"all": crossings} if crossings else {},
         "replayed_events": replayed,
         "stream_events": {"all": sum(int(p.value) for p in _points(reader, sc.STREAM_EVENTS[0]))},
+        "fates": _sums(reader, sc.BROKEN_REQUESTS[0], sc.REQUEST_FATE),
     }
 
 
 def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """What one scenario added to the totals of ``_counted``."""
     changed = {}
-    for name in ("attempts", "gaps", "transport_crossings", "replayed_events", "stream_events"):
+    names = ("attempts", "gaps", "transport_crossings", "replayed_events", "stream_events", "fates")
+    for name in names:
         changed[name] = {
             key: value - before[name].get(key, 0)
             for key, value in after[name].items()
@@ -214,6 +220,17 @@ def _otlp(tracer_provider: TracerProvider, logger_provider: LoggerProvider) -> l
     return [PeriodicExportingMetricReader(OTLPMetricExporter())]
 
 
+def _wait_for_fates(reader: InMemoryMetricReader, before: dict[str, Any], total: int) -> None:
+    """Until the plugin has counted ``total`` more broken requests than
+    ``before`` (or the guard passes: the row then fails on the count)."""
+    deadline = time.monotonic() + FATES_TIMEOUT
+    while time.monotonic() < deadline:
+        counted = _difference(_counted(reader), before)["fates"]
+        if sum(counted.values()) >= total:
+            return
+        time.sleep(0.05)
+
+
 def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -233,6 +250,8 @@ def _skipped_row(scenario: scenarios.Scenario, reason: str, nothing: dict[str, A
         "server_address": "127.0.0.1",
         "server_port": 0,
         "counted": nothing,
+        "fates": {},
+        "fates_on_the_wire": None,
     }
 
 
@@ -244,7 +263,8 @@ def run(
     report: Callable[[list[dict], dict[str, dict[str, int]]], None] | None = None,
 ) -> tuple[list[dict], dict[str, dict[str, int]]]:
     """Run the scenarios (all, or ``names``); return one row each, and the
-    metric totals (resumes by outcome, gaps by kind) of the whole run.
+    metric totals (resumes by outcome, gaps by kind, broken requests by fate)
+    of the whole run.
 
     With ``prometheus_port`` the metrics are served on 127.0.0.1 for a scrape,
     and kept up ``hold`` seconds after ``report`` was given the results.
@@ -304,6 +324,8 @@ def run(
             counted_before = _counted(reader)
             before = counted_before["attempts"]
             wire = asyncio.run(scenario.run())
+            if wire.fates is not None:
+                _wait_for_fates(reader, counted_before, sum(wire.fates.values()))
             time.sleep(SETTLE_SECONDS + 0.2)  # let open confirmation windows close
             counted = _difference(_counted(reader), counted_before)
             after = _outcomes(reader)
@@ -326,7 +348,12 @@ def run(
                     # outcome must be among them, and a control none that is a gap.
                     "pass": detected == expected
                     and scenario.expected_outcome in outcomes
-                    and (bool(expected) or "gap" not in outcomes),
+                    and (bool(expected) or "gap" not in outcomes)
+                    # where the wire gives the fates of the broken requests,
+                    # the plugin counted exactly those
+                    and (wire.fates is None or counted["fates"] == wire.fates),
+                    "fates": counted["fates"],
+                    "fates_on_the_wire": wire.fates,
                     "resumes": len(wire.resumes),
                     # what the plugin counted in this scenario, and against
                     # which server (the router the client connected to)
@@ -341,6 +368,7 @@ def run(
         totals = {
             "resumes by outcome": _outcomes(reader),
             "gaps by kind": _sums(reader, sc.GAPS[0], sc.GAP_KIND),
+            "broken requests by fate": _sums(reader, sc.BROKEN_REQUESTS[0], sc.REQUEST_FATE),
         }
         if report is not None:
             report(rows, totals)

@@ -45,6 +45,7 @@ from .clients import (
     response_id,
     sdk_streamable_session,
 )
+from .fates import broken_request_fates
 from .loopback import LoopbackServer, close_all
 from .router import Backend, Exchange, Policy, RequestHead, Route, Router
 from .servers import (
@@ -79,7 +80,16 @@ GAP_KINDS: Final = (
     "orphaned_request",
     "foreign_replay",
 )
-OUTCOMES: Final = ("resumed", "caught_up", "gap", "reinitialized", "rejected", "unverifiable")
+OUTCOMES: Final = (
+    "resumed",
+    "caught_up",
+    "gap",
+    "reinitialized",
+    "rejected",
+    "unverifiable",
+    "failed",
+    "not_resumable",
+)
 
 # The legacy session of every fleet scenario: endpoint, initialize result,
 # tools/list result, a log line, then the tools/call result is the 5th event.
@@ -125,7 +135,9 @@ class ScenarioWire:
     the application applied it). ``in_flight``: JSON-RPC requests (id ->
     method) whose response the application had not consumed when it broke.
     ``exchanges``: the router's log of every request, the wire as the load
-    balancer saw it.
+    balancer saw it. ``fates``, where a row gives them: the fate of each
+    broken request (``answered``, ``reissued``, ``lost``: how many), read
+    from that log; the demo checks the plugin's count against it.
     """
 
     name: str
@@ -140,6 +152,7 @@ class ScenarioWire:
     reinitialized: bool = False
     tool_result: ToolOutcome | None = None
     exchanges: list[Exchange] = field(default_factory=list)
+    fates: dict[str, int] | None = None
 
     @property
     def cursor(self) -> str | None:
@@ -622,6 +635,7 @@ async def _sdk_cut_call(name: str, store: Any, *, stateless_resume: bool) -> Sce
         wire.resumes = [_attempt_of(x, request_id) for x in _resumes(exchanges)]
         if wire.resumes:
             wire.session_id_after = wire.resumes[-1].session_id_received
+        wire.fates = broken_request_fates(exchanges)
         wire.exchanges = exchanges
         return wire
 
@@ -879,7 +893,7 @@ _SCENARIOS: Final = (
             "cannot resume; the tool result never arrives."
         ),
         expected_gaps=("orphaned_request",),
-        expected_outcome="gap",
+        expected_outcome="rejected",
         run=_stateless_migration,
     ),
     Scenario(
@@ -980,6 +994,7 @@ _SCENARIOS: Final = (
 SCENARIO_MODULES: Final = (
     "mcp_resumption_demo.ts_scenarios",
     "mcp_resumption_demo.server_scenarios",
+    "mcp_resumption_demo.stateless_scenarios",
 )
 
 

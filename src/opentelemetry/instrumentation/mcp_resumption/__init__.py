@@ -21,6 +21,7 @@ TracerProvider.  Every resume (a request carrying ``Last-Event-ID``) gets an
 
 from __future__ import annotations
 
+import atexit
 import logging
 from collections.abc import Collection
 from typing import Any
@@ -94,6 +95,10 @@ class McpResumptionInstrumentor(BaseInstrumentor):
             )
         processor.attach()
         processor.enabled = True
+        # Registered after the SDK's providers (opentelemetry-instrument makes
+        # them first), so it runs before they flush at exit: the requests
+        # still waiting for an answer are counted lost in that flush.
+        atexit.register(processor.stop_waiting, "the process exited")
         # The one owner of this cycle: bound into every patch (no module
         # holds it), told when its patches report to it.
         self.processor = processor
@@ -113,6 +118,7 @@ class McpResumptionInstrumentor(BaseInstrumentor):
 
     def _remove(self) -> None:
         if self.processor is not None:
+            atexit.unregister(self.processor.stop_waiting)
             self.processor.shutdown()
             self.processor.active = False
         self.processor = None

@@ -32,10 +32,14 @@ Definitions the rules share (they are the ground truth of the tests):
   (the SDK servers' answer to a cursor they lost) is still seed 000's empty
   replay.  A resume after a broken connection (a read error, a body cut
   short) is not a poll and keeps the window.
-* A request in flight is *orphaned* only when its lineage ends: the client
-  stops resuming it, a new session replaces it, or the resume is refused.  A
-  resumed stream that ends hands its pending requests back to the lineage
-  (:meth:`ResumeCheck.release`); the next resume of the lineage takes them.
+* A request in flight is *orphaned* only when it is lost: its lineage ends
+  (the client stops resuming it, a new session replaces it, the resume is
+  refused or gets no answer) and then neither its answer nor a re-issue of
+  it comes within the reissue window (``fates``).  The check hands such
+  requests out (:meth:`ResumeCheck.take_orphans`) and stays open until their
+  fates are known; the lost ones are its gaps.  A resumed stream that ends
+  hands its pending requests back to the lineage (:meth:`ResumeCheck.release`);
+  the next resume of the lineage takes them.
 * Event ids are opaque strings.  Integers and a fixed prefix plus a counter
   (``e-104``, ``s-77:e-104``, ``<stream>_<n>``) order within one prefix, once
   the session's history shows the scheme counting (:func:`corroborated`);
@@ -93,6 +97,17 @@ class Outcome(str, Enum):
     REINITIALIZED = "reinitialized"
     REJECTED = "rejected"
     UNVERIFIABLE = "unverifiable"
+    # A resume that got no HTTP answer (refused, reset, timed out).
+    FAILED = "failed"
+    # A stream broke with requests in flight and the client had nothing to
+    # resume it with (no event id on it, a protocol without resumption), or
+    # did not try.
+    NOT_RESUMABLE = "not_resumable"
+
+
+# Outcomes that say how the attempt ended before any replay: kept whatever
+# gaps (lost requests) the attempt then has.
+_TERMINAL = (Outcome.REJECTED, Outcome.FAILED)
 
 
 class ReplayContract(str, Enum):
@@ -568,9 +583,13 @@ class ResumeCheck:
         self.response_session_id: str | None = None
         self.verdict: Verdict | None = None
         self.final: Verdict | None = None
-        # Requests were handed to the lineage at the stream's end: the attempt
-        # closes when the lineage goes on or ends (``lineage_over``).
+        # Requests were handed to the lineage at the stream's end, or out as
+        # orphans awaiting their fate: the attempt closes when the lineage
+        # goes on or ends and the fates are known (``lineage_over``).
         self.held = False
+        # request id -> (method, why): requests this attempt can no longer
+        # bring the answer to; their fate decides whether they are gaps.
+        self.orphans: dict[str, tuple[str, str]] = {}
         self.closed = False
         self.gaps: list[Gap] = []
         self.delivered = 0
@@ -591,11 +610,32 @@ class ResumeCheck:
     def on_response(self, status: int, session_id: str | None) -> list[Gap]:
         self.response_session_id = session_id
         if status >= 400:
-            found = self._orphan_all(f"the resume was answered {status}")
-            self._decide(Outcome.REJECTED, found)
-            return found
+            self._orphan_all(f"the resume was answered {status}")
+            self._decide(Outcome.REJECTED, [])
+            return []
         self._session_changed = session_changed_rule(self.cursor, session_id)
         return []
+
+    def on_failure(self, error_type: str) -> list[Gap]:
+        """The resume got no HTTP answer (``error_type``: what the client raised)."""
+        if self.verdict is not None:
+            return []
+        self._orphan_all(f"the resume got no answer ({error_type})")
+        self._ended = True
+        self._decide(Outcome.FAILED, [])
+        return []
+
+    @property
+    def replaced(self) -> bool:
+        """The resumed stream is not the one that broke (a new session or a
+        reset counter)."""
+        return self._replaced
+
+    def take_orphans(self) -> dict[str, tuple[str, str]]:
+        """The requests this attempt handed out as orphans since the last
+        call (request id -> (method, why)), for their fates to decide."""
+        orphans, self.orphans = self.orphans, {}
+        return orphans
 
     def on_event(self, event: ObservedEvent) -> list[Gap]:
         if self._ended or self.closed:
@@ -676,7 +716,7 @@ class ResumeCheck:
             return {}
         held = {rid: entry.method for rid, entry in self._pending.items()}
         self._pending.clear()
-        self.held = bool(held)
+        self.held = self.held or bool(held)
         self._close()
         return held
 
@@ -808,11 +848,9 @@ class ResumeCheck:
             )
             if order == -1 or (order == 0 and not resent):
                 del self._pending[rid]
-                found.append(
-                    orphaned_request_rule(
-                        rid, entry.method, f"its response was in {entry.event_id}, not replayed"
-                    )
-                )
+                why = f"its response was in {entry.event_id}, not replayed"
+                self.orphans[rid] = (entry.method, why)
+                self.held = True
             else:
                 entry.event_id = None  # will be replayed; wait for it
         return found
@@ -832,18 +870,18 @@ class ResumeCheck:
         return found
 
     def _orphan_all(self, why: str) -> list[Gap]:
-        if self._ledger_unknown:
-            self._pending.clear()
-            return []
-        found = [
-            orphaned_request_rule(rid, entry.method, why) for rid, entry in self._pending.items()
-        ]
+        """Hand every pending request out as an orphan (see ``take_orphans``):
+        no gap yet, their fates decide."""
+        if not self._ledger_unknown:
+            for rid, entry in self._pending.items():
+                self.orphans[rid] = (entry.method, why)
+            self.held = self.held or bool(self._pending)
         self._pending.clear()
-        return found
+        return []
 
     def _decide(self, outcome: Outcome, found: Iterable[Gap]) -> None:
         self.gaps.extend(found)
-        if self.gaps:
+        if self.gaps and outcome not in _TERMINAL:
             outcome = Outcome.GAP
         self.verdict = Verdict(outcome, tuple(self.gaps), self.first_event_id, self.delivered)
         self._close()
@@ -862,7 +900,9 @@ class ResumeCheck:
         ):
             return
         self.closed = True
-        outcome = Outcome.GAP if self.gaps else verdict.outcome
+        outcome = (
+            Outcome.GAP if self.gaps and verdict.outcome not in _TERMINAL else verdict.outcome
+        )
         self.final = Verdict(
             outcome, tuple(self.gaps), verdict.first_event_id, verdict.replayed_events
         )

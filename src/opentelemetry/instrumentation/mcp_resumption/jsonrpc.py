@@ -84,6 +84,42 @@ def requests_in(text: str | bytes | None) -> list[tuple[str, str]] | None:
     return found
 
 
+def calls_in(text: str | bytes | None) -> list[tuple[str, int | None]]:
+    """(id key, call digest) of every request in a body: the digest of its
+    method and its params by JSON meaning, less ``_meta`` (where the MCP
+    SDKs put the request id, as ``progressToken``), so that a re-issue of a
+    call under a new id has the same digest.  Costs a parse: only for the
+    bodies of requests that broke, or that may re-issue one."""
+    messages = _messages(text) or []
+    found = []
+    for message in messages:
+        method = message.get("method")
+        key = request_key(message.get("id"))
+        if not isinstance(method, str) or key is None:
+            continue
+        params = message.get("params")
+        if isinstance(params, dict) and "_meta" in params:
+            params = {name: value for name, value in params.items() if name != "_meta"}
+        try:
+            call = hash(json.dumps([method, params], sort_keys=True, separators=(",", ":")))
+        except (ValueError, TypeError, RecursionError):
+            call = None
+        found.append((key, call))
+    return found
+
+
+def cancelled_in(text: str | bytes | None) -> list[str]:
+    """Id keys of the requests a body's ``notifications/cancelled`` name."""
+    found = []
+    for message in _messages(text) or []:
+        params = message.get("params")
+        if message.get("method") == "notifications/cancelled" and isinstance(params, dict):
+            key = request_key(params.get("requestId"))
+            if key is not None:
+                found.append(key)
+    return found
+
+
 def responses_in(text: str | None) -> tuple[str, ...] | None:
     """Id keys of every response (result or error) in an event's data;
     ``None`` when the data may hold one but could not be read."""

@@ -40,6 +40,7 @@ from . import semconv as sc
 from .continuity import (
     Gap,
     GapKind,
+    Outcome,
     ResumeCursorRaceError,
     ResumptionGapError,
 )
@@ -75,9 +76,14 @@ class _Hop:
 
     facts: RequestFacts
     resume: ResumeStart
-    status: int
+    status: int  # 0: no HTTP answer (``error`` says what the client raised)
     session_id: str | None
     deadline: list | None = None
+    error: str | None = None
+
+
+# Outcomes of a resume that could not bring any answer.
+_REFUSED = (Outcome.REJECTED, Outcome.FAILED)
 
 
 def enforcement_error(gaps: tuple[Gap, ...]) -> ResumptionGapError:
@@ -182,6 +188,8 @@ class ResumptionMonitor:
     def close(self) -> None:
         """Stop: no more checks, the feeds' counts frozen, the deferred
         reports made and the timer stopped."""
+        if self.enabled:
+            self.stop_waiting("the client stopped before its answer came")
         self.enabled = False
         self.telemetry.event_totals.freeze()
         self.telemetry.evictions.unwatch(self._evictions_token, self.tracker.evicted_streams)
@@ -234,10 +242,13 @@ class ResumptionMonitor:
         A request that does not show MCP itself gets its span, if its answer
         does, when the answer arrives."""
         if facts.last_event_id is None or not facts.mcp:
+            if facts.body is not None and b"notifications/cancelled" in facts.body:
+                session_id = facts.session_id or facts.legacy_session_id
+                self.tracker.cancelling(facts.server, session_id, facts.path, facts.body)
             if facts.method == "DELETE" and facts.session_id:
                 # Before the answer: the server closes the session's streams
                 # while it handles the DELETE.
-                self.tracker.session_terminated(facts.server, facts.session_id)
+                self._fated(self.tracker.session_terminated(facts.server, facts.session_id))
             return None
         hop = self._unpark((facts.server, facts.last_event_id, facts.session_id))
         if hop is not None:
@@ -272,6 +283,9 @@ class ResumptionMonitor:
                 return candidate
             return None
         self.server_seen(facts.host, facts.port)
+        if facts.body is not None and self.tracker.broken.awaits(facts.server):
+            session_id = facts.session_id or facts.legacy_session_id
+            self._fated(self.tracker.reissued(facts.server, session_id, facts.path, facts.body))
         if resume is None and facts.last_event_id is not None:
             resume = self.begin_request(replace(facts, mcp=True))
         if not event_stream:
@@ -303,9 +317,11 @@ class ResumptionMonitor:
         response_session_id: str | None,
         event_stream: bool,
         context: StreamContext | None = None,
+        error: str | None = None,
     ) -> StreamContext | None:
         transport = transport_of(facts, response_session_id)
         session_id = response_session_id or facts.session_id
+        body = facts.body
         requests = facts.ledger()
         if requests != [] and event_stream:
             self.tracker.request_sent(facts.server, session_id, requests, facts.path)
@@ -317,6 +333,7 @@ class ResumptionMonitor:
             last_event_id=facts.last_event_id,
             carries=[key for key, _ in requests or ()],
             path=facts.path,
+            body=body,
         )
         self._deferred.start()  # its iterator may be finalised by the GC
         # This resume took over the requests that earlier attempts handed to
@@ -342,9 +359,14 @@ class ResumptionMonitor:
             check.cursor.session_id if check is not None else None,
             response_session_id,
         )
-        self._apply(context, self.tracker.response(stream, status, response_session_id))
+        self._apply(context, self.tracker.response(stream, status, response_session_id, error))
         if not event_stream:
-            why = "a redirect not followed" if 300 <= status < 400 else "a response without events"
+            if error is not None:
+                why = "no answer"
+            elif 300 <= status < 400:
+                why = "a redirect not followed"
+            else:
+                why = "a response without events"
             self._settle_end(context, self.tracker.stream_ended(stream, why))
             return None
         if stream.check is not None and stream.check.verdict is None and not stream.check.poll:
@@ -477,9 +499,12 @@ class ResumptionMonitor:
 
     def lineage_ended(self, context: StreamContext, why: str) -> None:
         """The client stopped resuming the lineage of ``context``'s stream:
-        what it still held is orphaned (called when its grace has passed)."""
-        self._held.pop(context.stream.key, None)
+        what it still held waits for its fate (called when its grace has
+        passed); the attempt closes with those fates."""
         self._apply(context, self.tracker.lineage_ended(context.stream, why))
+        check = context.stream.check
+        if check is None or check.closed or not check.held:
+            self._held.pop(context.stream.key, None)
 
     # ------------------------------------------------------ hops
 
@@ -523,7 +548,13 @@ class ResumptionMonitor:
             self._judge(hop)
 
     def _judge(self, hop: _Hop) -> None:
-        self._open(hop.facts, hop.resume, hop.status, hop.session_id, False)
+        self._open(hop.facts, hop.resume, hop.status, hop.session_id, False, error=hop.error)
+
+    def request_failed(self, facts: RequestFacts, resume: ResumeStart, error: str) -> None:
+        """A resume got no HTTP answer (``error``: the type the client
+        raised).  Part of the attempt, as a rejection is: the MCP SDKs try
+        again, and the last try's answer is the verdict."""
+        self._park(_Hop(facts, resume, 0, None, error=error))
 
     # ------------------------------------------------------ findings out
 
@@ -534,9 +565,16 @@ class ResumptionMonitor:
     def _apply(self, context: StreamContext, step: Step) -> None:
         if step is NOTHING:
             return
+        for broken in step.broke:
+            broken.tag = context
         check = context.stream.check
+        if check is not None and check.held and not check.closed:
+            # Waits for its requests' fates: closed by a later step.
+            self._held.setdefault(context.stream.key, context)
         for gap in step.gaps:
             self.telemetry.gap(context, gap)
+        if step.not_resumable:
+            self.telemetry.not_resumable(context)
         if step.verdict is not None:
             self._deadlines.cancel(context.deadline)
             context.decided = time.monotonic()
@@ -545,5 +583,58 @@ class ResumptionMonitor:
             self.telemetry.finish(
                 context, step.final, check.cursor.transport if check else None
             )
+        verdict = step.verdict
+        if (
+            self.settings.enforce
+            and verdict is not None
+            and verdict.outcome in _REFUSED
+            and check is not None
+            and check.held
+            and context.error is None
+        ):
+            # The requests this stream was to answer will not come: the
+            # pending call fails now rather than at the caller's timeout.
+            context.error = self._enforced(
+                ResumptionGapError(
+                    f"the resume was {verdict.outcome.value}: the requests in flight on the "
+                    "broken stream will not be answered; re-initialize and re-issue them"
+                )
+            )
         if step.gaps and self.settings.enforce and context.error is None:
             context.error = enforcement_error(step.gaps)
+            if context.stream.ended:
+                # No read left to raise it into: the MCP SDK's reconnect
+                # loop, if this task runs one, fails the request instead of
+                # resuming again.
+                self._enforced(context.error)
+        self._fated(step, context)
+
+    def _fated(self, step: Step, context: StreamContext | None = None) -> None:
+        """Report the fates a step decided, close the attempts that waited
+        for them, and time the reissue windows it started; ``context``: the
+        stream the step was observed on."""
+        if step is NOTHING:
+            return
+        for decided in step.fates:
+            # A lost request is a gap of the attempt that waited for it, if any.
+            holder = decided.broken.holder
+            attempt = self._held.get(holder.key) if holder is not None else None
+            self.telemetry.fate(decided.broken.tag, decided, attempt)
+        for stream, final in step.closed:
+            held = self._held.pop(stream.key, None)
+            if held is None and context is not None and context.stream is stream:
+                held = context  # closed by the step that made it wait
+            if held is not None:
+                check = stream.check
+                self.telemetry.finish(held, final, check.cursor.transport if check else None)
+        if step.window:
+            self._deadlines.add(self.settings.confirm_timeout, self._fates_due)
+
+    def _fates_due(self) -> None:
+        self._fated(self.tracker.fates_due(self.settings.confirm_timeout))
+
+    def stop_waiting(self, why: str) -> None:
+        """The client stops waiting for every broken request (the process
+        exits, the instrumentation is removed): they are lost, counted
+        before the providers flush."""
+        self._fated(self.tracker.all_lost(why))

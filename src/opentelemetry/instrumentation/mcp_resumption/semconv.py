@@ -15,6 +15,7 @@ from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS as
 from opentelemetry.semconv.attributes.server_attributes import SERVER_PORT as SERVER_PORT
 
 from .continuity import GapKind, Outcome
+from .fates import Fate
 
 # The transports (mcp.transport values) are the tracker's names for them: one set.
 from .tracker import SSE as TRANSPORT_SSE
@@ -52,7 +53,9 @@ GAP_OBSERVED = "mcp.resumption.gap.observed"
 # -- values
 # TRANSPORT_SSE, TRANSPORT_STREAMABLE_HTTP: imported above, the tracker's own.
 NO_PREVIOUS_TRANSPORT = "none"
+REQUEST_FATE = "mcp.resumption.request.fate"
 GAP_KINDS = tuple(kind.value for kind in GapKind)
+FATES = tuple(fate.value for fate in Fate)
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
 PREVIOUS_TRANSPORTS = (NO_PREVIOUS_TRANSPORT, TRANSPORT_SSE, TRANSPORT_STREAMABLE_HTTP)
 
@@ -94,6 +97,11 @@ STREAM_EVENTS = (
     "mcp.client.stream.events",
     "{event}",
     "SSE events delivered to MCP clients",
+)
+BROKEN_REQUESTS = (
+    "mcp.client.resumption.broken_requests",
+    "{request}",
+    "JSON-RPC requests whose stream ended without their answer, by fate",
 )
 EVICTED_STREAMS = (
     "mcp.client.resumption.evicted_streams",

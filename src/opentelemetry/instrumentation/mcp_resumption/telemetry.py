@@ -34,6 +34,7 @@ from .facts import (
     exported_request_id,
     server_attributes,
 )
+from .fates import Decided
 from .forks import renew_after_fork
 from .redaction import Redaction
 from .verdict_log import server_name, verdicts
@@ -205,6 +206,7 @@ class Instruments:
             *sc.DURATION, explicit_bucket_boundaries_advisory=sc.DURATION_BUCKETS
         )
         self.replayed = meter.create_histogram(*sc.REPLAYED_EVENTS)
+        self.broken = meter.create_counter(*sc.BROKEN_REQUESTS)
         self.event_totals = EventTotals()
         name, unit, description = sc.STREAM_EVENTS
         meter.create_observable_counter(
@@ -272,6 +274,7 @@ class TelemetrySink:
         self._gaps = instruments.gaps
         self._duration = instruments.duration
         self._replayed = instruments.replayed
+        self._broken = instruments.broken
         self.event_totals = instruments.event_totals
         self.evictions = instruments.evictions
         self._events_logger = get_logger(
@@ -338,6 +341,8 @@ class TelemetrySink:
             self.event_totals.add((transport, address, port), 0)
             for kind in sc.GAP_KINDS:
                 self._gaps.add(0, {sc.GAP_KIND: kind, sc.MCP_TRANSPORT: transport, **server})
+            for fate in sc.FATES:
+                self._broken.add(0, {sc.REQUEST_FATE: fate, sc.MCP_TRANSPORT: transport, **server})
             for previous in sc.PREVIOUS_TRANSPORTS:
                 for outcome in sc.OUTCOMES:
                     attributes = {
@@ -387,6 +392,39 @@ class TelemetrySink:
             context=span_context,
             severity_number=SeverityNumber.WARN,
             severity_text="WARN",
+        )
+
+    def fate(
+        self,
+        context: StreamContext | None,
+        decided: Decided,
+        attempt: StreamContext | None = None,
+    ) -> None:
+        """A broken request's one fate (``context``: the stream that broke);
+        a lost one is its orphaned_request gap, of ``attempt`` if a resume
+        waited for it."""
+        if context is None:  # recorded by no patch: nothing to name it by
+            return
+        if decided.counted:
+            self._broken.add(1, {sc.REQUEST_FATE: decided.fate.value, **context.attributes})
+        if decided.gap is not None:
+            self.gap(attempt or context, decided.gap)
+
+    def not_resumable(self, context: StreamContext) -> None:
+        """A break with requests in flight that nothing resumed: an attempt
+        of its own, with no span (nothing was sent)."""
+        self._attempts.add(
+            1,
+            {
+                sc.RESUMPTION_OUTCOME: Outcome.NOT_RESUMABLE.value,
+                sc.RESUMPTION_PREVIOUS_TRANSPORT: context.transport,
+                **context.attributes,
+            },
+        )
+        verdicts.verdict(
+            server_name(context.facts.host, context.facts.port),
+            context.transport,
+            Outcome.NOT_RESUMABLE.value,
         )
 
     def finish(self, context: StreamContext, verdict: Verdict, previous: str | None) -> None:

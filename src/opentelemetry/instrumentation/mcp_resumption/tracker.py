@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
+import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -39,13 +40,13 @@ from .continuity import (
     ResumeCheck,
     Verdict,
     corroborated,
-    orphaned_request_rule,
     parse_declared,
     parse_event_id,
     reuses_id,
 )
+from .fates import Broken, BrokenLedger, Decided
 from .forks import renew_after_fork
-from .jsonrpc import canonical_digest, is_message, responses_in
+from .jsonrpc import calls_in, cancelled_in, canonical_digest, is_message, responses_in
 
 SEEN_WINDOW = 16  # event ids remembered per session, for id_reused
 MAX_REQUESTS = 256  # in-flight JSON-RPC requests remembered per session
@@ -323,6 +324,7 @@ class Stream:
         "meanings",
         "path",
         "primed",
+        "request_body",
         "resumed_again",
         "retry_ms",
         "server",
@@ -356,6 +358,10 @@ class Stream:
         self.check: ResumeCheck | None = None
         self.continued: tuple[Stream, ...] = ()
         self.carries: tuple[str, ...] = ()
+        # The body of the POST whose answers it carries (a reference, until
+        # the stream ends): what a re-issue of a request it breaks is
+        # compared with.
+        self.request_body: bytes | None = None
         self.ended = False
         # Polling (2025-11-25): the lineage carried a priming event (an id and
         # no data) or a ``retry:`` field, so a clean end of its body is the
@@ -388,6 +394,15 @@ class Step:
     # client does not resume it.
     held: bool = False
     final: Verdict | None = None
+    # Broken requests newly recorded (the caller tags each with its record
+    # of the break), fates decided, and whether a reissue window started.
+    broke: tuple[Broken, ...] = ()
+    fates: tuple[Decided, ...] = ()
+    window: bool = False
+    # The stream broke with requests in flight and nothing resumed it.
+    not_resumable: bool = False
+    # Attempts of other streams that these fates closed: (stream, final).
+    closed: tuple[tuple[Stream, Verdict], ...] = ()
 
 
 NOTHING = Step()  # what most observations produce; compared by identity
@@ -427,6 +442,8 @@ class Tracker:
         self._dirty: list[Stream] = []
         # Streams being read through a feed: folded in before a cursor lookup.
         self._fed: dict[int, Stream] = {}
+        # Broken requests awaiting their fate (see ``fates``).
+        self.broken = BrokenLedger()
         renew_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -490,6 +507,7 @@ class Tracker:
         carries: Iterable[str] = (),
         request_session_id: str | None = None,
         path: str | None = None,
+        body: bytes | None = None,
     ) -> Stream:
         """An SSE response is about to be read.  ``last_event_id`` makes it a
         resume; ``carries`` are request keys whose responses it will carry.
@@ -510,6 +528,8 @@ class Tracker:
             stream = Stream(next(self._keys), server, transport, session, path)
             self._admit(stream)
             stream.carries = tuple(carries)
+            if stream.carries:
+                stream.request_body = body
             pending = session.pending
             if pending:
                 for key in stream.carries:
@@ -623,14 +643,19 @@ class Tracker:
                 new.pending.update(old.pending)
             new.seen.merge(old.seen)
 
-    def response(self, stream: Stream, status: int, session_id: str | None) -> Step:
-        """The reconnect was answered (for a resume) with ``status``."""
+    def response(
+        self, stream: Stream, status: int, session_id: str | None, error: str | None = None
+    ) -> Step:
+        """The reconnect was answered (for a resume) with ``status``, or got
+        no answer at all (``error``: what the client raised)."""
         with self._lock:
             self._fold(stream)
             if stream.check is None:
                 return NOTHING
             check = stream.check
-            return self._run(check, lambda: check.on_response(status, session_id))
+            if error is not None:
+                return self._run(stream, lambda: check.on_failure(error))
+            return self._run(stream, lambda: check.on_response(status, session_id))
 
     def event_received(
         self, stream: Stream, event_id: str | None, data: str, digest: int | None = None
@@ -678,7 +703,7 @@ class Tracker:
             if event.retry is not None:
                 self._retry(stream, event.retry)
             self._received(stream, event.id, event.data)
-        if not holding and stream.last_received is not None:
+        if not holding and (stream.last_received is not None or stream.unconsumed_responses):
             self._take(stream)
 
     def _received(
@@ -725,7 +750,7 @@ class Tracker:
             event = ObservedEvent(
                 self._parse(event_id), digest, not data, responses, unreadable
             )
-            step = self._run(check, lambda: check.on_event(event))
+            step = self._run(stream, lambda: check.on_event(event))
         if event_id is not None:
             if data:
                 session.seen.remember(event_id, digest)
@@ -743,6 +768,13 @@ class Tracker:
                 # _ended); else this would keep the app's data alive.
                 stream.last_data = data
         stream.unconsumed_responses = responses
+        if self.broken and (responses or unreadable):
+            answered = (
+                self.broken.unreadable(session)
+                if unreadable
+                else self.broken.answered(session, responses)
+            )
+            step = self._fated(answered, step)
         if not stream.dirty:
             stream.dirty = True
             self._dirty.append(stream)
@@ -758,12 +790,58 @@ class Tracker:
             stream.dirty = True
             self._dirty.append(stream)
 
-    def session_terminated(self, server: str, session_id: str) -> None:
-        """The client asked the server to end the session (HTTP DELETE)."""
+    def session_terminated(self, server: str, session_id: str) -> Step:
+        """The client asked the server to end the session (HTTP DELETE):
+        its broken requests are lost."""
         with self._lock:
             session = self._sessions.get((server, session_id, None))
-            if session is not None:
-                session.terminated = True
+            if session is None:
+                return NOTHING
+            session.terminated = True
+            if not self.broken:
+                return NOTHING
+            return self._fated(self.broken.session_closed(session, "the session was closed"))
+
+    def cancelling(self, server: str, session_id: str | None, path: str, body: bytes) -> None:
+        """The client is about to send ``notifications/cancelled``: the
+        requests it names and that have not broken yet are no longer
+        awaited, so the stream the server then ends without their answers
+        breaks nothing.  Told before the cancel is sent, which is before the
+        server can end those streams.  (One whose stream ended before is the
+        SDK's courtesy cancel after a failure: its fate runs on.)"""
+        keys = cancelled_in(body)
+        with self._lock:
+            key = (server, session_id, None if session_id is not None else path)
+            session = self._sessions.get(key)
+            if session is None or not session.pending:
+                return
+            holders = session.holders or {}
+            for request_key in keys:
+                # Its stream ended before (a break, or a poll whose lineage
+                # waits): the SDK's courtesy cancel after a failure.
+                if self.broken.entry(session, request_key) is None and request_key not in holders:
+                    session.pending.pop(request_key, None)
+            if not session.pending:
+                session.pending = None
+
+    def reissued(self, server: str, session_id: str | None, path: str, body: bytes) -> Step:
+        """Requests in ``body`` were sent to ``server``: those that repeat a
+        broken request's call under a new id decide its fate."""
+        calls = calls_in(body)
+        with self._lock:
+            key = (server, session_id, None if session_id is not None else path)
+            session = self._sessions.get(key)
+            return self._fated(self.broken.reissued(server, session, calls))
+
+    def fates_due(self, window: float) -> Step:
+        """Broken requests whose reissue window has passed are lost."""
+        with self._lock:
+            return self._fated(self.broken.due(time.monotonic(), window))
+
+    def all_lost(self, why: str) -> Step:
+        """The client stops waiting for everything (the process exits)."""
+        with self._lock:
+            return self._fated(self.broken.all_lost(why))
 
     def retry_seen(self, stream: Stream, retry_ms: int) -> None:
         """The stream carried ``retry:``: the server polls (and how often)."""
@@ -809,12 +887,16 @@ class Tracker:
                 # a request), unlike a long-lived stream dropped mid-read.
                 stream.taken = True
                 self._settle(stream)
+            broke = not closed_by_client and not stream.server_closed
+            body, stream.request_body = stream.request_body, None
             if stream.check is None:
+                if broke or stream.server_closed:
+                    return self._broken_stream(stream, body, poll=not broke)
                 return NOTHING
             check = stream.check
             was_open = not check.closed
             step = self._run(
-                check,
+                stream,
                 lambda: check.on_end(
                     reason,
                     closed_by_client=closed_by_client,
@@ -832,9 +914,78 @@ class Tracker:
                 for key, method in held.items():
                     session.pending[key] = (method, stream.lineage)
                     session.holders[key] = stream.key
-            if step is NOTHING and final is None and not held:
+            new: list[Broken] = []
+            fates: list[Decided] = []
+            if held and broke:
+                for key, method in held.items():
+                    self._record_break(stream, key, method, None, new, fates)
+            # Orphans that waited for this stream (its answers could still
+            # come on it) wait no longer.
+            window = self.broken.stop_held(stream, time.monotonic()) if self.broken else False
+            if step is NOTHING and final is None and not held and not window and not new:
                 return NOTHING
-            return Step(step.gaps, step.verdict, held=bool(held), final=final)
+            return Step(
+                step.gaps,
+                step.verdict,
+                held=bool(held),
+                final=final,
+                broke=(*step.broke, *new),
+                fates=(*step.fates, *fates),
+                window=window or step.window,
+            )
+
+    def _record_break(
+        self,
+        stream: Stream,
+        key: str,
+        method: str,
+        call: int | None,
+        new: list[Broken],
+        fates: list[Decided],
+        broke: bool = True,
+    ) -> None:
+        session = stream.session
+        if self.broken.entry(session, key) is not None:
+            return  # broken before, on the stream this one resumed
+        broken = Broken(key, method, call, stream.server, session, stream.transport, broke=broke)
+        fates.extend(self.broken.broke(broken))
+        new.append(broken)
+
+    def _broken_stream(self, stream: Stream, body: bytes | None, poll: bool = False) -> Step:
+        """A stream that no resume checks ended by an error or EOF: the
+        requests whose answers it was to carry are broken.  With no event id
+        received nothing can resume it (``not_resumable``, and their reissue
+        window starts); with one, its lineage waits for a resume.  ``poll``:
+        the server closed it on purpose, which breaks nothing unless the
+        client does not resume it (its lineage waits too)."""
+        session = stream.session
+        pending = session.pending
+        if not pending or session.terminated:
+            return NOTHING  # nothing awaited, or the client ended the session itself
+        legacy = stream.transport == SSE
+        # An answer the stream handed to the application came, taken or not.
+        handed = stream.unconsumed_responses
+        keys = [
+            key
+            for key, (_, lineage) in pending.items()
+            if (lineage == stream.lineage or (legacy and lineage is None)) and key not in handed
+        ]
+        if not keys:
+            return NOTHING
+        calls = dict(calls_in(body)) if body is not None else {}
+        new: list[Broken] = []
+        fates: list[Decided] = []
+        for key in keys if not poll else ():
+            self._record_break(stream, key, pending[key][0], calls.get(key), new, fates)
+        if stream.last_received is None and not poll:
+            why = "nothing could resume the stream (it carried no event id)"
+            window = self.broken.stop(session, keys, time.monotonic(), why, None)
+            return Step(broke=tuple(new), fates=tuple(fates), window=window, not_resumable=True)
+        if session.holders is None:
+            session.holders = {}
+        for key in keys:
+            session.holders[key] = stream.key
+        return Step(broke=tuple(new), fates=tuple(fates), held=True)
 
     def lineage_ended(self, stream: Stream, why: str) -> Step:
         """The client did not resume ``stream`` (a resumed stream that ended
@@ -846,22 +997,38 @@ class Tracker:
             if stream.resumed_again or not holders:
                 return NOTHING
             pending = session.pending or {}
-            gaps = []
+            keys: list[str] = []
+            new: list[Broken] = []
+            fates: list[Decided] = []
             for key, holder in list(holders.items()):
                 if holder != stream.key:
                     continue
                 del holders[key]
                 entry = pending.pop(key, None)
                 if entry is not None:  # else answered, or taken by a later resume
-                    gaps.append(orphaned_request_rule(key, entry[0], why))
+                    keys.append(key)
+                    # Not broken before: a poll the client did not resume.
+                    self._record_break(stream, key, entry[0], None, new, fates)
             if not pending:
                 session.pending = None
             if not holders:
                 session.holders = None
-            final = self._lineage_over(stream, gaps)
-            if not gaps and final is None:
+            check = stream.check
+            attempt = stream if check is not None and check.held else None
+            window = self.broken.stop(session, keys, time.monotonic(), why, attempt)
+            final = None
+            if attempt is not None and not self.broken.holds(attempt):
+                final = self._lineage_over(stream, [])
+            if not keys and final is None:
                 return NOTHING
-            return Step(tuple(gaps), final=final)
+            return Step(
+                broke=tuple(new),
+                fates=tuple(fates),
+                window=window,
+                final=final,
+                # A break nothing tried to resume.
+                not_resumable=check is None and bool(keys),
+            )
 
     @staticmethod
     def _lineage_over(stream: Stream, orphans: list[Gap]) -> Verdict | None:
@@ -878,7 +1045,7 @@ class Tracker:
             if stream.check is None:
                 return NOTHING
             check = stream.check
-            return self._run(check, lambda: check.on_timeout(seconds))
+            return self._run(stream, lambda: check.on_timeout(seconds))
 
     # ---------------------------------------------------------- internals
 
@@ -905,16 +1072,82 @@ class Tracker:
             return False
         return canonical_digest(data) == check.cursor.meaning
 
-    @staticmethod
-    def _run(check: ResumeCheck, observe: Callable[[], list[Gap]]) -> Step:
+    def _run(self, stream: Stream, observe: Callable[[], list[Gap]]) -> Step:
+        check = stream.check
         undecided = check.verdict is None
         was_open = not check.closed
         gaps = observe()
         decided = check.verdict if undecided else None
         final = check.final if was_open and check.closed else None
-        if not gaps and decided is None and final is None:
+        new: list[Broken] = []
+        fates: list[Decided] = []
+        window = False
+        if check.orphans:
+            window = self._orphaned(stream, check.take_orphans(), new, fates)
+        if not gaps and decided is None and final is None and not new and not window:
             return NOTHING
-        return Step(tuple(gaps), decided, final=final)
+        return Step(
+            tuple(gaps), decided, final=final, broke=tuple(new), fates=tuple(fates), window=window
+        )
+
+    def _orphaned(
+        self,
+        stream: Stream,
+        orphans: dict[str, tuple[str, str]],
+        new: list[Broken],
+        fates: list[Decided],
+    ) -> bool:
+        """Requests the resume of ``stream`` can no longer bring the answer
+        to: broken, and their attempt waits for their fates.  A stream that
+        replaced the one that broke under the same session (a reset counter)
+        may still carry their answers: their window starts at its end."""
+        session = stream.session
+        now = time.monotonic()
+        wait = stream.check.replaced and not stream.ended
+        window = False
+        for key, (method, why) in orphans.items():
+            self._record_break(stream, key, method, None, new, fates, broke=False)
+            broken = self.broken.entry(session, key)
+            if broken is None:
+                continue
+            broken.holder = stream
+            broken.why = why
+            if not wait:
+                window = self.broken.stop(session, (key,), now, why, stream) or window
+        return window
+
+    def _fated(self, fates: list[Decided], step: Step = NOTHING) -> Step:
+        """``step`` with these fates; a lost request is a gap of the attempt
+        that waited for it, which closes once it waits for no fate more."""
+        if not fates:
+            return step
+        closed = []
+        holders: dict[int, Stream] = {}
+        for decided in fates:
+            holder = decided.broken.holder
+            if holder is None or holder.check is None:
+                continue
+            if decided.gap is not None:
+                holder.check.gaps.append(decided.gap)
+            holders[holder.key] = holder
+        for holder in holders.values():
+            if holder.session.holders and holder.key in holder.session.holders.values():
+                continue  # still holding requests its lineage may resume
+            if not self.broken.holds(holder):
+                final = self._lineage_over(holder, [])
+                if final is not None:
+                    closed.append((holder, final))
+        return Step(
+            step.gaps,
+            step.verdict,
+            held=step.held,
+            final=step.final,
+            broke=step.broke,
+            fates=(*step.fates, *fates),
+            window=step.window,
+            not_resumable=step.not_resumable,
+            closed=(*step.closed, *closed),
+        )
 
     def _settle(self, stream: Stream) -> None:
         """Fold a ``taken`` mark into the stream's consumed state."""

@@ -180,13 +180,19 @@ def _observe_response(
         owner.streams[response] = context
 
 
-def _failed(resume: Any, error: BaseException) -> None:
-    if resume is not None:
-        # The type only: an HTTP client's message can quote a header value
-        # (httpx: "Illegal header value b'Bearer ...'").
-        kind = type(error).__qualname__
-        resume.span.set_attribute("error.type", kind)
-        resume.span.set_status(trace.Status(trace.StatusCode.ERROR, kind))
+def _failed(
+    owner: ResumptionMonitor, facts: RequestFacts, resume: Any, error: BaseException
+) -> None:
+    if resume is None:
+        return
+    # The type only: an HTTP client's message can quote a header value
+    # (httpx: "Illegal header value b'Bearer ...'").
+    kind = type(error).__qualname__
+    resume.span.set_attribute("error.type", kind)
+    resume.span.set_status(trace.Status(trace.StatusCode.ERROR, kind))
+    if isinstance(error, Exception) and owner.enabled:
+        owner.request_failed(facts, resume, kind)  # the attempt's verdict ends the span
+    else:  # a cancellation: the client stopped this attempt itself
         resume.span.end()
 
 
@@ -201,7 +207,7 @@ def _send(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
         with _span_scope(resume):
             response = wrapped(*args, **kwargs)
     except BaseException as error:
-        guarded("recording a failed reconnect", _failed, resume, error)
+        guarded("recording a failed reconnect", _failed, owner, facts, resume, error)
         raise
     finally:
         request_scope.reset(token)
@@ -220,7 +226,7 @@ async def _async_send(owner: ResumptionMonitor, wrapped, instance, args, kwargs)
         with _span_scope(resume):
             response = await wrapped(*args, **kwargs)
     except BaseException as error:
-        guarded("recording a failed reconnect", _failed, resume, error)
+        guarded("recording a failed reconnect", _failed, owner, facts, resume, error)
         raise
     finally:
         request_scope.reset(token)

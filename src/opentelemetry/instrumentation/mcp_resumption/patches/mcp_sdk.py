@@ -24,7 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..continuity import ResumptionGapError
-from . import Targets, guarded
+from . import Targets, fault, guarded
 
 if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
     from ..monitor import ResumptionMonitor
@@ -56,10 +56,23 @@ def _error_message(ctx: Any, error: ResumptionGapError) -> Any:
     return SessionMessage(wrap(answer))
 
 
-async def _fail_request(ctx: Any, error: ResumptionGapError) -> None:
+# Put in a task's list of enforced errors once its request has been failed.
+_ANSWERED = object()
+
+
+async def _fail_request(ctx: Any, raised: list) -> None:
+    """Answer the pending request with the first enforced error, once."""
+    if not raised or raised[0] is _ANSWERED:
+        return
+    error = raised[0]
+    raised[:] = [_ANSWERED]
     message = guarded("failing the pending request", _error_message, ctx, error)
-    if message is not None:
+    if message is None:
+        return
+    try:
         await ctx.read_stream_writer.send(message)
+    except Exception:  # the session is gone: nobody waits for the answer
+        fault("failing the pending request")
 
 
 def _reconnect(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
@@ -69,29 +82,33 @@ def _reconnect(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     # out.  Only the outermost call of a request gets a frame of ours.
     raised = owner.enforced_errors.get()
     if raised is None:
-        return _outermost(owner, wrapped, args, kwargs)
+        return _outermost(owner, wrapped, instance, args, kwargs)
     if raised:
         # A gap was enforced on this request's stream: do not resume it again.
-        return _fail_request(args[0] if args else kwargs.get("ctx"), raised[0])
+        return _fail_request(args[0] if args else kwargs.get("ctx"), raised)
     return wrapped(*args, **kwargs)
 
 
-async def _outermost(owner: ResumptionMonitor, wrapped, args, kwargs):
-    token = owner.enforced_errors.set([])
+async def _outermost(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
+    raised: list = []  # errors enforced on this request; _ANSWERED once failed
+    token = owner.enforced_errors.set(raised)
     hops: list = []  # keys of the hops parked inside this loop
     hops_token = owner.hop_scope.set(hops)
     held: list = []  # streams of this request that ended holding it
     held_token = owner.lineage_scope.set(held)
+    ctx = args[0] if args else kwargs.get("ctx")
     try:
-        return await wrapped(*args, **kwargs)
+        result = await wrapped(*args, **kwargs)
     except ResumptionGapError as error:  # 2.x lets it out of an explicit resumption
-        await _fail_request(args[0] if args else kwargs.get("ctx"), error)
+        raised.insert(0, error)
+        await _fail_request(ctx, raised)
         return None
     finally:
         owner.hop_scope.reset(hops_token)
         owner.lineage_scope.reset(held_token)
-        owner.enforced_errors.reset(token)
         if owner.active:
+            # Judged while this task's errors are still collected: a refused
+            # or unanswered resume is enforced on the request below.
             for key in hops:
                 guarded("judging an unfollowed hop", owner.settle, key)
             # The SDK gave up on (or finished) this request: its lineage ends.
@@ -100,6 +117,12 @@ async def _outermost(owner: ResumptionMonitor, wrapped, args, kwargs):
                     "ending a lineage", owner.lineage_ended, context,
                     "the client stopped resuming it",
                 )
+        owner.enforced_errors.reset(token)
+    if not hasattr(instance, "_resolve_abandoned_request"):
+        # mcp 1.x gives up on a refused resume without answering the call,
+        # which then waits for the caller's own timeout (2.x answers it).
+        await _fail_request(ctx, raised)
+    return result
 
 
 def targets(owner: ResumptionMonitor) -> Targets:
