@@ -132,8 +132,8 @@ def plugin_lines(stderr: str) -> list[str]:
 RESUMED = [
     "mcp-resumption verdict: resumed server=127.0.0.1:{port} transport=streamable-http "
     "gaps=- lost_calls=0"
-] * 3 + ["mcp-resumption summary: server=127.0.0.1:{port} resumes=3 resumed=3 gaps=- lost_calls=0"]
-NOTHING = ["mcp-resumption summary: server=127.0.0.1:{port} resumes=0 gaps=- lost_calls=0"]
+] * 3 + ["mcp-resumption summary: server=127.0.0.1:{port} attempts=3 resumed=3 gaps=- lost_calls=0"]
+NOTHING = ["mcp-resumption summary: server=127.0.0.1:{port} attempts=0 gaps=- lost_calls=0"]
 
 # (client file, extra words of its command, the mcp major it needs, what it prints)
 CLIENTS = [
@@ -190,7 +190,7 @@ def test_every_readme_output_block_is_a_real_output(server, opaque_server):
                 block = body.strip().replace("8000", str(opaque_server.port)).splitlines()
                 # the README shows the first verdict and the hint, in that order
                 assert printed_opaque[: len(block)] == block, (readme, printed_opaque)
-            elif "resumes=0" in body:
+            elif "attempts=0" in body:
                 if MCP_MAJOR >= 2:
                     assert body.strip().replace("8000", str(server.port)).splitlines() == (
                         printed_auto
@@ -211,7 +211,7 @@ def test_opaque_ids_get_one_hint_per_server(opaque_server):
     assert len(hints) == 1, lines
     assert "ProvableEventStore" in hints[0]
     assert lines[-1] == (
-        f"mcp-resumption summary: server=127.0.0.1:{opaque_server.port} resumes=3 "
+        f"mcp-resumption summary: server=127.0.0.1:{opaque_server.port} attempts=3 "
         "unverifiable=3 gaps=- lost_calls=0"
     )
 

@@ -7,7 +7,12 @@ in tests/test_examples.py, as a user runs the examples."""
 from __future__ import annotations
 
 import logging
+import os
+import re
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import httpx
 import httpx_sse
@@ -67,7 +72,7 @@ def test_a_proven_resume_is_one_info_line_and_no_hint(server, telemetry, caplog)
     )
     assert lines(caplog) == [expected, expected]
     assert verdict_log.summary_lines() == [
-        f"mcp-resumption summary: server={name} resumes=2 resumed=2 gaps=- lost_calls=0"
+        f"mcp-resumption summary: server={name} attempts=2 resumed=2 gaps=- lost_calls=0"
     ]
 
 
@@ -121,7 +126,7 @@ def test_a_gap_is_a_warning_naming_its_kinds(server, telemetry, caplog):
     ]
     [summary] = verdict_log.summary_lines()
     assert summary == (
-        f"mcp-resumption summary: server={name} resumes=1 gap=1 "
+        f"mcp-resumption summary: server={name} attempts=1 gap=1 "
         "gaps=id_regression:1,session_changed:1 lost_calls=0"
     )
     caplog.clear()
@@ -149,3 +154,38 @@ def test_an_invalid_setting_warns_once_and_logs_as_default(server, telemetry, ca
     accepted = "logging, stderr, off"
     assert warnings == [f"{verdict_log.SETTING}='loud' is not one of {accepted}; using 'logging'"]
     assert len([1 for _, text in lines(caplog) if "verdict: resumed" in text]) == 2
+
+
+@pytest.mark.parametrize(
+    ("scenario", "lost"), [("stateless_cut_lost", 1), ("stateless_cut_reissued", 0)]
+)
+def test_a_break_nothing_resumes_is_a_warning_and_the_exit_summary_counts_its_lost_call(
+    scenario, lost
+):
+    """The demo's stateless rows under opentelemetry-instrument, as a user's
+    client runs: the break is one not_resumable WARNING line, and the summary
+    written at exit comes after the plugin decided the call still waiting
+    (lost in one row, re-issued in the other)."""
+    bin_dir = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTHONPATH"))}
+    env.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
+    result = subprocess.run(
+        [str(bin_dir / "opentelemetry-instrument"), str(bin_dir / "mcp-resumption"),
+         "scenario", scenario],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("mcp-resumption ")]
+    assert len(lines) == 2, result.stderr
+    verdict, summary = lines
+    assert re.fullmatch(
+        r"mcp-resumption verdict: not_resumable server=127\.0\.0\.1:\d+ "
+        r"transport=streamable-http gaps=- lost_calls=0",
+        verdict,
+    ), verdict
+    gaps = "orphaned_request:1" if lost else "-"
+    assert re.fullmatch(
+        r"mcp-resumption summary: server=127\.0\.0\.1:\d+ attempts=1 not_resumable=1 "
+        rf"gaps={gaps} lost_calls={lost}",
+        summary,
+    ), summary

@@ -19,8 +19,11 @@ host's logging configuration says), ``stderr`` (every verdict and the summary
 to stderr, whatever that configuration), ``off``.
 
 Process-wide, as the exit is: every instrument() cycle adds to the same
-tally.  Nothing here runs before the first MCP server is seen (no exit hook,
-no handler), so a program that never speaks MCP is untouched.
+tally.  The exit hook is registered when this module is imported, before
+``instrument()`` registers its own (which decides the calls still waiting
+as lost): exit hooks run last-registered first, so the summary counts those
+too.  Before the first MCP server is seen it writes nothing and adds no
+handler, so a program that never speaks MCP is untouched.
 """
 
 from __future__ import annotations
@@ -85,7 +88,6 @@ class VerdictLog:
         self._servers: dict[str, _Server] = {}
         self._budget = _Budget()
         self._mode: str | None = None
-        self._exit_hook = False
 
     # -- settings
 
@@ -116,13 +118,6 @@ class VerdictLog:
         if self.mode() == "off":
             return
         self._tally(server)
-        if self._exit_hook:
-            return
-        with self._lock:
-            if self._exit_hook:
-                return
-            self._exit_hook = True
-        atexit.register(self.write_summary)
 
     def gap(self, server: str, kind: str) -> None:
         tally = self._tally(server)
@@ -187,7 +182,7 @@ class VerdictLog:
             by_outcome = " ".join(f"{k}={v}" for k, v in sorted(outcomes.items()))
             by_kind = ",".join(f"{k}:{v}" for k, v in sorted(gaps.items())) or "-"
             lines.append(
-                f"mcp-resumption summary: server={name} resumes={sum(outcomes.values())}"
+                f"mcp-resumption summary: server={name} attempts={sum(outcomes.values())}"
                 + (f" {by_outcome}" if by_outcome else "")
                 + f" gaps={by_kind} lost_calls={gaps.get(LOST, 0)}"
             )
@@ -197,7 +192,7 @@ class VerdictLog:
         """Log the summary (at exit): WARNING for a server that had a gap or
         a lost call, INFO for the others.  Never raises."""
         try:
-            if self.mode() == "off":
+            if not self._servers or self.mode() == "off":
                 return
             for line in self.summary_lines():
                 clean = " gaps=- " in line and line.endswith("lost_calls=0")
@@ -228,6 +223,7 @@ class VerdictLog:
 
 
 verdicts = VerdictLog()
+atexit.register(verdicts.write_summary)  # see the module's doc for the order
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=verdicts._after_fork)
 
