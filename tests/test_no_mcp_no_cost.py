@@ -25,6 +25,7 @@ PROGRAM = Path(__file__).parent / "programs" / "never_mcp.py"
 BIN = Path(sys.executable).parent
 OURS = "mcp_resumption,mcp_resumption_server"
 RUNS = 5
+ROUNDS = 3
 ALLOWED_MS = 50
 
 
@@ -66,22 +67,26 @@ def test_no_exit_delay_without_a_collector(protocol):
     """The issue as a user met it: exporters on their defaults (OTLP), no
     collector.  The plugin enabled exits within 50 ms of the plugin
     disabled, and prints no export error.  Compared by the fastest of five
-    alternated runs each: the machine's load only ever adds (an exporter
-    retrying against no collector adds seconds to every run)."""
+    alternated runs each: the machine's load only ever adds.  A busy moment
+    can still hit one side's five runs more than the other's, so a round
+    that misses is measured again, up to three rounds; an exporter retrying
+    against no collector adds seconds to every run of every round."""
     port = closed_port()
     scheme_port = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
     env = {"OTEL_EXPORTER_OTLP_PROTOCOL": protocol, **scheme_port}
-    enabled, disabled = [], []
-    for _ in range(RUNS):  # alternated, so that a busy moment hits both
-        delay, result = run("", "", **env)
-        enabled.append(delay)
-        assert "export" not in result.stderr.lower(), result.stderr
-        disabled.append(run("", OURS, **env)[0])
-    print(f"{protocol}: exit delay, ms: enabled {enabled}, disabled {disabled}")
-    assert min(enabled) <= min(disabled) + ALLOWED_MS, (
-        enabled,
-        disabled,
-    )
+    rounds = []
+    for _ in range(ROUNDS):
+        enabled, disabled = [], []
+        for _ in range(RUNS):  # alternated, so that a busy moment hits both
+            delay, result = run("", "", **env)
+            enabled.append(delay)
+            assert "export" not in result.stderr.lower(), result.stderr
+            disabled.append(run("", OURS, **env)[0])
+        rounds.append((enabled, disabled))
+        print(f"{protocol}: exit delay, ms: enabled {enabled}, disabled {disabled}")
+        if min(enabled) <= min(disabled) + ALLOWED_MS:
+            return
+    raise AssertionError(f"more than {ALLOWED_MS} ms slower in every round: {rounds}")
 
 
 class Collector:
