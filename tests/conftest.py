@@ -55,3 +55,16 @@ def shipped_stack(tmp_path_factory):
         if demo is not None:
             demo.close()
         prometheus.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_exit_summary_of_the_test_process():
+    """The tests instrument this process against hundreds of loopback servers:
+    its exit summary would be hundreds of lines after pytest's own.  The
+    summary at a real exit is tested in subprocesses (test_examples)."""
+    yield
+    import atexit
+
+    from opentelemetry.instrumentation.mcp_resumption.verdict_log import verdicts
+
+    atexit.unregister(verdicts.write_summary)

@@ -429,10 +429,15 @@ class _Records(logging.Handler):
         self.records.append(record)
 
 
+VERDICTS_LOGGER = "opentelemetry.instrumentation.mcp_resumption.verdicts"
+
+
 @contextlib.contextmanager
 def package_log() -> Iterator[list[logging.LogRecord]]:
-    """Every record our package logs (a patch that failed inside logs one)."""
+    """Every record our package logs (a patch that failed inside logs one),
+    but the verdict lines, which say what the plugin decided, not that it failed."""
     handler = _Records()
+    handler.addFilter(lambda record: record.name != VERDICTS_LOGGER)
     logger = logging.getLogger(PACKAGE_LOGGER)
     level = logger.level
     logger.addHandler(handler)

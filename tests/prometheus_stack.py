@@ -57,7 +57,9 @@ class Prometheus:
     """The shipped ``dashboards/prometheus.yml`` pointed at ``target_port``.
 
     ``interval``: scrape and evaluation interval instead of the shipped 15 s;
-    ``rule_files``: instead of the shipped rules; ``job``: the scrape job's name.
+    ``rule_files``: instead of the shipped rules; ``job``: the scrape job's name;
+    ``alertmanager_port``: send the alerts to an Alertmanager on 127.0.0.1
+    (the shipped file's commented-out ``alerting`` section).
     """
 
     def __init__(
@@ -68,8 +70,12 @@ class Prometheus:
         interval: str | None = None,
         rule_files: list[Path] | None = None,
         job: str | None = None,
+        alertmanager_port: int | None = None,
     ) -> None:
         config = yaml.safe_load(SHIPPED.read_text(encoding="utf-8"))
+        if alertmanager_port is not None:
+            targets = [f"127.0.0.1:{alertmanager_port}"]
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": targets}]}]}
         if interval is not None:
             config["global"] = {"scrape_interval": interval, "evaluation_interval": interval}
         shipped_rules = [SHIPPED.parent / name for name in config["rule_files"]]

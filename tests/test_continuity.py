@@ -2,7 +2,7 @@
 and the skip filter ``ResumeCheck.event_matters`` against the rules.
 
 Event ids are opaque strings: integers and a fixed prefix plus a counter order
-within one prefix, everything else is opaque (README, "How it decides").  The
+within one prefix, everything else is opaque (docs/rules.md).  The
 seed-compatible check must behave exactly as the code of seed 000, which is
 copied below verbatim as the oracle.
 """

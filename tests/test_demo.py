@@ -97,3 +97,11 @@ def test_one_scenario_client_under_opentelemetry_instrument():
     assert "resume 1: Last-Event-ID 'e-104' -> 200" in result.stdout
     for kind in ("drain_race", "orphaned_request"):
         assert f'"mcp.resumption.gap.kind": "{kind}"' in result.stdout
+    # and the readable verdict on stderr: its line and the summary at exit
+    assert re.search(
+        r"^mcp-resumption verdict: gap server=127\.0\.0\.1:\d+ transport=streamable-http "
+        r"gaps=drain_race,orphaned_request lost_calls=1$",
+        result.stderr,
+        re.M,
+    ), result.stderr
+    assert re.search(r"^mcp-resumption summary: .* lost_calls=1$", result.stderr, re.M)

@@ -74,7 +74,7 @@ def test_help_says_what_the_command_is_for():
     assert "catch silent event loss when MCP clients resume" in text
     assert "the command-line entry point" not in text
     for command in ("demo", "scenario", "engine"):
-        assert re.search(rf"^  {command} ", result.stdout, re.M), result.stdout
+        assert re.search(rf"^ +{command} ", result.stdout, re.M), result.stdout
     assert "mcp-resumption demo --prometheus-port 9464 --hold 600" in result.stdout
 
 
@@ -160,6 +160,13 @@ def test_progress_counts_scenarios_and_seconds_and_nothing_else_reaches_stderr()
     assert len(ends) == 2
     assert re.fullmatch(r"done: 2 scenarios in \d+\.\d s", lines[-1])
     assert "2 of 2 scenarios match their ground truth" in result.stdout
+    # the table wraps, within 120 columns, and cuts nothing
+    assert max(len(line) for line in result.stdout.splitlines()) <= 120
+    text = " ".join(result.stdout.split())
+    from mcp_resumption_demo import scenarios
+
+    for name in names:
+        assert " ".join(scenarios.get_scenario(name).happened.split()) in text
 
 
 def test_without_node_the_typescript_rows_say_skipped_and_the_rest_still_decides():
@@ -182,3 +189,91 @@ def test_without_node_the_typescript_rows_say_skipped_and_the_rest_still_decides
 def test_without_node_a_typescript_scenario_alone_is_a_one_line_error():
     result = cli("scenario", "ts_poll_cut_twice", PATH=str(COMMAND.parent))
     one_line_error(result, "scenario ts_poll_cut_twice cannot run here: node not found")
+
+
+# ---------------------------------------------------------------- usage errors
+
+
+def test_an_unknown_option_is_named_with_the_commands_usage():
+    result = cli("--bogus")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "usage: mcp-resumption [-h] [--version] COMMAND ...",
+        "mcp-resumption: error: unrecognized arguments: --bogus",
+    ]
+
+
+@pytest.mark.parametrize("command", ["demo", "scenario", "engine"])
+def test_an_unknown_option_of_a_subcommand_shows_that_subcommands_usage(command):
+    result = cli(command, "--bogus")
+    assert result.returncode == 2 and result.stdout == ""
+    usage, *_, error = result.stderr.splitlines()
+    assert usage.startswith(f"usage: mcp-resumption {command} [-h]"), result.stderr
+    assert error == f"mcp-resumption {command}: error: unrecognized arguments: --bogus"
+
+
+def test_no_command_names_the_commands():
+    result = cli()
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "mcp-resumption: error: a COMMAND is required: engine, demo, scenario"
+    )
+
+
+def test_help_lists_each_command_once_and_each_has_a_description():
+    top = cli("--help").stdout
+    for command in ("demo", "scenario", "engine"):
+        assert len(re.findall(rf"^ +{command} ", top, re.M)) == 1, top
+        own = cli(command, "--help")
+        assert own.returncode == 0
+        # usage, a blank line, then a description paragraph before the arguments
+        description = own.stdout.split("\n\n")[1]
+        assert len(description.split()) >= 10 and not description.startswith(
+            ("positional", "options")
+        ), own.stdout
+
+
+def test_scenario_list_names_every_scenario():
+    from mcp_resumption_demo import scenarios
+
+    result = cli("scenario", "--list")
+    assert result.returncode == 0, result.stderr
+    listed = [line.split(":", 1)[0] for line in result.stdout.splitlines()]
+    assert listed == [s.name for s in scenarios.all_scenarios()]
+
+
+def test_an_unknown_scenario_fails_at_once_with_the_list():
+    from mcp_resumption_demo import cli as demo_cli
+    from mcp_resumption_demo import scenarios
+
+    names = [s.name for s in scenarios.all_scenarios()]
+    assert demo_cli._scenario_names() == names, "the fast list is the imported one"
+    started = time.monotonic()
+    result = cli("scenario", "no_such_scenario")
+    elapsed = time.monotonic() - started
+    line = one_line_error(result, "unknown scenario no_such_scenario; known: ")
+    assert line.endswith("known: " + ", ".join(names))
+    # Without importing the scenarios (the MCP SDK, servers, clients): a
+    # fraction of the ~1.3 s that import takes, in the same interpreter start.
+    assert elapsed < 0.5 * _import_seconds(), elapsed
+
+
+def _import_seconds() -> float:
+    started = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-c", "import mcp_resumption_demo.scenarios"], check=True, timeout=60
+    )
+    return time.monotonic() - started
+
+
+def test_the_table_fits_120_columns_and_cuts_nothing():
+    from mcp_resumption_demo import engine_table
+
+    result = cli("engine")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    text = " ".join(result.stdout.split())
+    for row in engine_table.run():
+        assert " ".join(row["happened"].split()) in text, row["happened"]
+    assert "…" not in result.stdout

@@ -10,7 +10,7 @@ retries; the mcp 2.x client fails the call at once, mcp 1.x and the
 TypeScript client stop reconnecting and leave the call to its own timeout.
 The clients treat every 4xx of a resume alike (measured for 400, 404, 409 and
 410: the same retries and the same end), so the status is chosen for what it
-says (README, "The server guard").
+says (docs/server.md, "The server guard").
 """
 
 from __future__ import annotations

@@ -35,9 +35,27 @@ def floor_version() -> str:
     return match.group(1)
 
 
+# The minor that runs only this smoke test in CI (scripts/test runs the whole
+# suite on the floor, 3.11 and the newest).
+SMOKE_EXTRA = "3.12"
+
+
 def ci_pythons() -> list[str]:
-    """The Pythons CI runs: the lowest the package claims, and the machine's own."""
-    return sorted({floor_version(), "{}.{}".format(*sys.version_info[:2])})
+    """The Pythons the wheel's smoke test runs on: the lowest the package
+    claims, 3.12, and the one running the release tests (the newest
+    environment's, 3.13 in CI)."""
+    running = "{}.{}".format(*sys.version_info[:2])
+    return sorted({floor_version(), SMOKE_EXTRA, running}, key=minor)
+
+
+def claimed_pythons() -> list[str]:
+    """Every minor from the floor to the newest CI runs: the classifiers'."""
+    newest = max(ci_pythons(), key=minor)
+    return [f"3.{n}" for n in range(minor(floor_version()), minor(newest) + 1)]
+
+
+def minor(version: str) -> int:
+    return int(version.split(".")[1])
 
 
 def find_python(version: str) -> str:

@@ -1,11 +1,14 @@
-"""Every shell block of README.md and dashboards/README.md, run as written.
+"""Every shell block of README.md, docs/, examples/README.md and
+dashboards/README.md, run as written.
 
 The blocks that install run in a fresh copy of the tree (what a clone gives),
-in the venv the README's first command makes there. Each block the READMEs
+in the venv the README's first command makes there. Each block the documents
 show is one of the constants below, which the first test holds equal to the
-documents; the shortened runs (bench, fuzz) and the substituted port (9464,
-which another process on the machine may hold) are the only departures, and
-the READMEs say so. Not run here: ``bash scripts/test`` (it is what CI runs,
+documents; the shortened runs (bench, fuzz) and the substituted ports (9464
+and 8000, which another process on the machine may hold) are the only
+departures, and the documents say so. The examples' own READMEs
+(examples/*/README.md) are run by tests/test_examples.py in both mcp
+environments. Not run here: ``bash scripts/test`` (it is what CI runs,
 and it runs this file) and the Grafana ``docker run`` example (no Docker
 engine on the test machines), whose mounted paths are checked instead.
 """
@@ -27,7 +30,12 @@ import pytest
 from release_env import ROOT, clean_env, totals
 
 HERE = Path(__file__).parent
-DOCS = [ROOT / "README.md", ROOT / "dashboards" / "README.md"]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "examples" / "README.md",
+    ROOT / "dashboards" / "README.md",
+]
 
 DEMO = (
     "python3 -m venv .venv && .venv/bin/pip install -q . ./demo && .venv/bin/mcp-resumption demo"
@@ -69,8 +77,16 @@ DOCKER = (
     '/var/lib/grafana/dashboards/mcp-resumption/mcp-resumption.json" \\\n'
     "  grafana/grafana"
 )
+EXAMPLES_INSTALL = (
+    "python3 -m venv .venv && .venv/bin/pip install -q "
+    '".[instruments-any,server]" opentelemetry-distro'
+)
+EXAMPLES_SERVER = ".venv/bin/python examples/server/server.py --port 8000"
+EXAMPLES_CLIENT = (
+    ".venv/bin/python examples/manual/client_mcp2.py http://127.0.0.1:8000/mcp --mode legacy"
+)
 ALL = {DEMO, TESTS, FROM_CLONE, FROM_WHEEL, PUBLISHED, SCENARIO, PROMETHEUS, SCRAPE_TARGET}
-ALL |= {BENCH, FUZZ, CHECKING, DOCKER}
+ALL |= {BENCH, FUZZ, CHECKING, DOCKER, EXAMPLES_INSTALL, EXAMPLES_SERVER, EXAMPLES_CLIENT}
 
 FENCE = re.compile(r"^( *)```sh\n(.*?)^\1```$", re.DOTALL | re.MULTILINE)
 
@@ -145,6 +161,34 @@ def test_one_scenario_under_opentelemetry_instrument(demo, clone):
     result = run(SCENARIO, clone)
     for kind in ("drain_race", "orphaned_request"):
         assert f'"mcp.resumption.gap.kind": "{kind}"' in result.stdout
+    assert "mcp-resumption verdict: gap " in result.stderr
+
+
+def test_the_examples_as_a_new_user_runs_them(demo, clone):
+    """examples/README.md in the clone: its install, its server, one client,
+    and the lines (verdicts and the summary at exit) the page shows."""
+    run(EXAMPLES_INSTALL, clone)
+    port = free_port()
+    server = subprocess.Popen(
+        shlex.split(EXAMPLES_SERVER.replace("8000", str(port))),
+        cwd=clone,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout.readline().strip() == f"serving http://127.0.0.1:{port}/mcp"
+        result = run(EXAMPLES_CLIENT.replace("8000", str(port)), clone)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "result: liftoff" in result.stdout
+    page = (ROOT / "examples" / "README.md").read_text()
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```$", page, re.S | re.M)
+    [shown] = [body for kind, body in blocks if not kind and "verdict" in body]
+    printed = [line for line in result.stderr.splitlines() if line.startswith("mcp-resumption ")]
+    assert printed == shown.replace("8000", str(port)).strip().splitlines(), result.stderr
 
 
 def test_demo_as_a_scrape_target(demo, clone, tmp_path):

@@ -5,10 +5,14 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.metadata
+import importlib.util
 import json
 import sys
+import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 from .version import __version__
 
@@ -18,20 +22,31 @@ PLUGIN = "opentelemetry-instrumentation-mcp-resumption"
 DESCRIPTION = """\
 See opentelemetry-instrumentation-mcp-resumption catch silent event loss when
 MCP clients resume SSE / streamable-HTTP streams with Last-Event-ID, without a
-client or server of your own.
-
-  demo      run every scenario on real MCP servers on 127.0.0.1 (the
-            installed MCP Python SDK's, hand-written legacy and misbehaving
-            fleet instances, and the TypeScript MCP SDK's when node is
-            installed) behind a router that severs and re-routes streams, with
-            the plugin enabled; print each scenario's written ground truth
-            beside what the plugin detected. Exits 0 only if every scenario
-            that ran matches it.
-  scenario  run one scenario's servers and client without enabling the
-            plugin, to watch it under opentelemetry-instrument.
-  engine    play the seeds' scenarios straight into the pure rules (no
-            network, milliseconds).
+client or server of your own.  `mcp-resumption COMMAND --help` says more.
 """
+
+DEMO_DESCRIPTION = """\
+Run every scenario on real MCP servers on 127.0.0.1 (the installed MCP Python
+SDK's, hand-written legacy and misbehaving fleet instances, and the TypeScript
+MCP SDK's when node is installed) behind a router that severs and re-routes
+streams, with the plugin enabled; print each scenario's written ground truth
+beside what the plugin detected.  Exits 0 only if every scenario that ran
+matches it.
+"""
+
+SCENARIO_DESCRIPTION = """\
+Run one scenario's servers and client WITHOUT enabling the plugin, and print
+what went over the wire: run it under opentelemetry-instrument, as you would
+your own client, to see what the plugin reports.  `--list` lists the names.
+"""
+
+ENGINE_DESCRIPTION = """\
+Play the seeds' scenarios straight into the plugin's pure rules: no network,
+milliseconds.  Prints the same table as `demo`.
+"""
+
+# The table fits a terminal this wide: long cells wrap, none is cut.
+TABLE_WIDTH = 120
 
 EPILOG = """\
 examples:
@@ -79,7 +94,9 @@ def _seconds(text: str) -> float:
     return seconds
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command's parser, and each subcommand's (for its own usage in an
+    error)."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=DESCRIPTION,
@@ -87,13 +104,22 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=_versions())
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Not required here: a missing command is reported after the unknown
+    # options, so that `mcp-resumption --bogus` names --bogus.
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    raw = argparse.RawDescriptionHelpFormatter
     engine = commands.add_parser(
-        "engine", help="play the seeds' scenarios straight into the pure rules"
+        "engine",
+        help="play the seeds' scenarios straight into the pure rules",
+        description=ENGINE_DESCRIPTION,
+        formatter_class=raw,
     )
     engine.add_argument("--json", action="store_true", help="print one JSON list")
     demo = commands.add_parser(
-        "demo", help="run the scenarios on real MCP servers on 127.0.0.1, plugin enabled"
+        "demo",
+        help="run the scenarios on real MCP servers on 127.0.0.1, plugin enabled",
+        description=DEMO_DESCRIPTION,
+        formatter_class=raw,
     )
     demo.add_argument("--json", action="store_true", help="print one JSON list")
     demo.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -117,28 +143,60 @@ def _parser() -> argparse.ArgumentParser:
         "scenario",
         help="run one scenario's servers and client WITHOUT enabling the plugin, "
         "for use under opentelemetry-instrument",
+        description=SCENARIO_DESCRIPTION,
+        formatter_class=raw,
     )
-    client.add_argument("name")
-    return parser
+    client.add_argument("name", nargs="?", help="the scenario to run (see --list)")
+    client.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    return parser, {"engine": engine, "demo": demo, "scenario": client}
+
+
+def _kinds(kinds: Sequence[str], width: int) -> list[str]:
+    """Gap kinds joined by commas, wrapped at commas to ``width``."""
+    lines: list[str] = []
+    for n, kind in enumerate(kinds):
+        item = kind + ("," if n < len(kinds) - 1 else "")
+        if lines and len(lines[-1]) + len(item) <= width:
+            lines[-1] += item
+        else:
+            lines.append(item)
+    return lines or ["-"]
 
 
 def _table(rows: list[dict]) -> str:
-    headers = ("scenario", "happened", "expected", "detected", "outcome", "pass")
-    cells = [
-        [
-            row["scenario"],
-            row["happened"][:60] + ("…" if len(row["happened"]) > 60 else ""),
-            ",".join(row["expected"]) or "-",
-            ",".join(row["detected"]) or "-",
-            row["outcome"],
-            _verdict(row),
-        ]
-        for row in rows
+    """One block per row: the short columns on its first lines (gap kinds
+    wrapped at commas), then what happened, wrapped under it.  Nothing is
+    cut, and no line is wider than TABLE_WIDTH."""
+    headers = ("scenario", "expected", "detected", "outcome", "pass")
+    fixed = [
+        max(len(headers[0]), *(len(row["scenario"]) for row in rows)),
+        0,
+        0,
+        max(len(headers[3]), *(len(row["outcome"]) for row in rows)),
+        max(len(headers[4]), *(len(_verdict(row)) for row in rows)),
     ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    kinds = [row[column] for row in rows for column in ("expected", "detected")]
+    longest_kind = max([len(headers[1]), *(len(kind) + 1 for row in kinds for kind in row)])
+    whole = max([len(headers[1]), *(len(",".join(row)) for row in kinds)])
+    room = TABLE_WIDTH - fixed[0] - fixed[3] - fixed[4] - 2 * (len(headers) - 1)
+    fixed[1] = fixed[2] = max(longest_kind, min(whole, room // 2))
+    widths = fixed
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(cell, widths)).rstrip() for cell in cells]
+    for row in rows:
+        columns = [
+            [row["scenario"]],
+            _kinds(row["expected"], widths[1]),
+            _kinds(row["detected"], widths[2]),
+            [row["outcome"]],
+            [_verdict(row)],
+        ]
+        for n in range(max(len(column) for column in columns)):
+            cells = [column[n] if n < len(column) else "" for column in columns]
+            lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+        lines += textwrap.wrap(
+            row["happened"], TABLE_WIDTH, initial_indent="    ", subsequent_indent="    "
+        )
     return "\n".join(lines)
 
 
@@ -170,9 +228,63 @@ def _plain_scenario(name: str) -> int:
     return 0
 
 
+def _scenario_names() -> list[str] | None:
+    """The scenarios' names without importing them (which imports the MCP
+    SDK, servers and clients: about a second): read from the modules'
+    source, the ``name=`` of each ``Scenario(...)``, in their order.  None
+    if the source cannot be read that way (then the caller imports)."""
+    try:
+        spec = importlib.util.find_spec(f"{__package__}.scenarios")
+        if spec is None or spec.origin is None:
+            return None
+        root = Path(spec.origin)
+        tree = ast.parse(root.read_text())
+        sources = [tree]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.AnnAssign | ast.Assign) and "SCENARIO_MODULES" in ast.dump(
+                node.targets[0] if isinstance(node, ast.Assign) else node.target
+            ):
+                for module in ast.literal_eval(node.value):
+                    path = root.with_name(module.rsplit(".", 1)[1] + ".py")
+                    sources.append(ast.parse(path.read_text()))
+        names = []
+        for source in sources:
+            for node in ast.walk(source):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Scenario":
+                    for keyword in node.keywords:
+                        if keyword.arg == "name" and isinstance(keyword.value, ast.Constant):
+                            names.append(keyword.value.value)
+        return names or None
+    except (OSError, SyntaxError, ValueError, ImportError):
+        return None
+
+
+def _list_scenarios() -> int:
+    from . import scenarios
+
+    for scenario in scenarios.all_scenarios():
+        print(f"{scenario.name}: {scenario.happened}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    parser, subparsers = _parser()
+    args, unknown_options = parser.parse_known_args(argv)
+    if unknown_options:
+        # The subcommand's own usage, naming what it does not know.
+        where = subparsers.get(args.command or "", parser)
+        where.error(f"unrecognized arguments: {' '.join(unknown_options)}")
+    if args.command is None:
+        parser.error(f"a COMMAND is required: {', '.join(subparsers)}")
+    if args.command == "scenario":
+        if args.list:
+            return _list_scenarios()
+        if args.name is None:
+            subparsers["scenario"].error("a scenario NAME is required (--list lists them)")
+        # An unknown name fails at once, before the scenarios' imports.
+        names = _scenario_names()
+        if names is not None and args.name not in names:
+            return _error(f"unknown scenario {args.name}; known: {', '.join(names)}")
 
     if args.command == "engine":
         from . import engine_table
@@ -194,9 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "scenario":
         return _plain_scenario(args.name)
     if args.list:
-        for scenario in scenarios.all_scenarios():
-            print(f"{scenario.name}: {scenario.happened}")
-        return 0
+        return _list_scenarios()
     from . import runner
 
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import socket
 import sys
@@ -24,6 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 from opentelemetry.instrumentation.mcp_resumption import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.verdict_log import LOGGER_NAME as VERDICT_LOGGER
 
 from . import scenarios
 from .scenarios import all_scenarios
@@ -283,6 +285,12 @@ def run(
     if prometheus_port is not None:
         readers.append(_prometheus_reader(prometheus_port, scrapes))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    # The table is this command's readable verdict: the plugin's verdict
+    # lines and exit summary (Python logging, WARNING for a gap) would only
+    # repeat it on stderr, which carries the progress.
+    verdict_logger = logging.getLogger(VERDICT_LOGGER)
+    verdict_logger.addHandler(logging.NullHandler())
+    verdict_logger.propagate = False
     instrumentor = McpResumptionInstrumentor()
     instrumentor.instrument(
         tracer_provider=tracer_provider,

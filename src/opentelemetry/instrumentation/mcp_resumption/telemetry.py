@@ -37,6 +37,7 @@ from .facts import (
 from .fates import Decided
 from .forks import renew_after_fork
 from .redaction import Redaction
+from .verdict_log import server_name, verdicts
 from .version import __version__
 
 # A stream's events are added to the totals at most every this many events or
@@ -120,9 +121,11 @@ class Evictions:
     stream to a client that runs at the bound.  Every owner of a
     MeterProvider's instruments watches its tracker here (weakly: an owner
     dropped unclosed keeps the count it was last read with).  A series from
-    the start, as "none evicted" is an answer."""
+    the first MCP server seen (``started``), as "none evicted" is an answer;
+    none before it, so that a process that never speaks MCP exports nothing."""
 
     def __init__(self) -> None:
+        self.started = False
         self._lock = threading.Lock()
         self._tokens = itertools.count()
         self._trackers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
@@ -149,6 +152,8 @@ class Evictions:
             self._trackers.pop(token, None)
 
     def observe(self, options: CallbackOptions) -> list[Observation]:
+        if not self.started:
+            return []
         with self._lock:
             for token in list(self._last_read):
                 tracker = self._trackers.get(token)
@@ -325,6 +330,8 @@ class TelemetrySink:
         if key in self._servers_seen or len(self._servers_seen) >= MAX_ZERO_SERIES_SERVERS:
             return
         self._servers_seen.add(key)
+        self.evictions.started = True  # no series at all before the first server
+        verdicts.server_seen(server_name(address, port))
         server = {sc.SERVER_ADDRESS: address}
         if port is not None:
             server[sc.SERVER_PORT] = port
@@ -358,6 +365,7 @@ class TelemetrySink:
     def gap(self, context: StreamContext, gap: Gap) -> None:
         scrub = self.redaction.scrub
         self._gaps.add(1, {sc.GAP_KIND: gap.kind.value, **context.attributes})
+        verdicts.gap(server_name(context.facts.host, context.facts.port), gap.kind.value)
         sessions = known_sessions(context)
         attributes: dict[str, Any] = {
             sc.GAP_KIND: gap.kind.value,
@@ -413,6 +421,11 @@ class TelemetrySink:
                 **context.attributes,
             },
         )
+        verdicts.verdict(
+            server_name(context.facts.host, context.facts.port),
+            context.transport,
+            Outcome.NOT_RESUMABLE.value,
+        )
 
     def finish(self, context: StreamContext, verdict: Verdict, previous: str | None) -> None:
         """The attempt is over: one outcome, with every gap it had."""
@@ -433,6 +446,16 @@ class TelemetrySink:
                 {**base, **server},
             )
         self._replayed.record(verdict.replayed_events, base)
+        check = context.stream.check if context.stream is not None else None
+        verdicts.verdict(
+            server_name(context.facts.host, context.facts.port),
+            context.transport,
+            outcome,
+            (gap.kind.value for gap in verdict.gaps),
+            opaque_ids=verdict.first_event_id is not None
+            and check is not None
+            and check.cursor.known,
+        )
         span = context.span
         if span is not None:
             if span.is_recording():

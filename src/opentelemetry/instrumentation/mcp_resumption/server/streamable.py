@@ -46,7 +46,7 @@ from .observer import ResumeRequest, from_scope, header
 MODULE = "mcp.server.streamable_http"
 MANAGER_MODULE = "mcp.server.streamable_http_manager"
 
-# The guard's answer (README, "The server guard"): 410 Gone, the JSON-RPC
+# The guard's answer (docs/server.md, "The server guard"): 410 Gone, the JSON-RPC
 # error body the SDK writes for its own refusals.
 GUARD_STATUS = HTTPStatus.GONE
 GUARD_ERROR_CODE = -32000  # JSON-RPC implementation-defined server error

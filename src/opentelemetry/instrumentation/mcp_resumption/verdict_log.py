@@ -1,0 +1,237 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""What the plugin decided, readable without a collector: one log line per
+verdict, a hint the first time a server's resumes cannot be proven for its
+opaque event ids, and a per-server summary at exit.
+
+Python's ``logging``, logger ``opentelemetry.instrumentation.mcp_resumption.verdicts``:
+it is where a Python programmer looks first, it needs no exporter or
+collector, and its levels and handlers are the host's to set.  A verdict that
+lost something or could not resume (``gap``, ``rejected``, ``not_resumable``,
+``failed``) is a WARNING, which Python prints to stderr even when the program
+configured no logging; a verdict that proves continuity (or cannot, with
+nothing lost) is INFO.  The summary is written at exit because a short-lived
+client has no other moment, and a long-lived one can ask for it at any time
+(:func:`summary_lines`).
+
+``OTEL_PYTHON_MCP_RESUMPTION_VERDICT_LOG``: ``logging`` (default: as the
+host's logging configuration says), ``stderr`` (every verdict and the summary
+to stderr, whatever that configuration), ``off``.
+
+Process-wide, as the exit is: every instrument() cycle adds to the same
+tally.  The exit hook is registered when this module is imported, before
+``instrument()`` registers its own (which decides the calls still waiting
+as lost): exit hooks run last-registered first, so the summary counts those
+too.  Before the first MCP server is seen it writes nothing and adds no
+handler, so a program that never speaks MCP is untouched.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+LOGGER_NAME = "opentelemetry.instrumentation.mcp_resumption.verdicts"
+SETTING = "OTEL_PYTHON_MCP_RESUMPTION_VERDICT_LOG"
+MODES = ("logging", "stderr", "off")
+
+# Outcomes that lost something or could not resume: WARNING.  The others
+# (resumed, caught_up, reinitialized, unverifiable) are INFO.
+WARNING_OUTCOMES = frozenset({"gap", "rejected", "not_resumable", "failed"})
+LOST = "orphaned_request"  # a call whose answer never came: a lost call
+MAX_SERVERS = 1024  # servers tallied; beyond, their verdicts are logged, not summed
+
+_logger = logging.getLogger(LOGGER_NAME)
+_config_logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Server:
+    outcomes: Counter[str] = field(default_factory=Counter)
+    gaps: Counter[str] = field(default_factory=Counter)
+    hinted: bool = False
+
+
+class _Budget:
+    """Verdict lines per (outcome, server): a burst, then one per interval
+    (a client resuming every second would otherwise write a line a second
+    for ever).  The summary counts every verdict."""
+
+    BURST = 10
+    INTERVAL = 6.0
+
+    def __init__(self) -> None:
+        self._left: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def take(self, key: tuple[str, str]) -> bool:
+        now = time.monotonic()
+        tokens, at = self._left.get(key, (self.BURST, now))
+        tokens = min(self.BURST, tokens + (now - at) / self.INTERVAL)
+        if len(self._left) >= MAX_SERVERS * 4 and key not in self._left:
+            self._left.clear()
+        taken = tokens >= 1
+        self._left[key] = (tokens - 1 if taken else tokens, now)
+        return taken
+
+
+class VerdictLog:
+    """The tally and the lines.  One per process (:data:`verdicts`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._servers: dict[str, _Server] = {}
+        self._budget = _Budget()
+        self._mode: str | None = None
+
+    # -- settings
+
+    def mode(self) -> str:
+        if self._mode is None:
+            value = os.environ.get(SETTING, "").strip().lower() or "logging"
+            if value not in MODES:
+                _config_logger.warning(
+                    "%s=%r is not one of %s; using 'logging'", SETTING, value, ", ".join(MODES)
+                )
+                value = "logging"
+            self._mode = value
+            if value == "stderr" and not any(
+                getattr(h, "_mcp_resumption", False) for h in _logger.handlers
+            ):
+                handler = logging.StreamHandler()
+                handler.setFormatter(logging.Formatter("%(message)s"))
+                handler._mcp_resumption = True  # type: ignore[attr-defined]
+                _logger.addHandler(handler)
+                _logger.setLevel(logging.INFO)
+                _logger.propagate = False
+        return self._mode
+
+    # -- what the sink reports
+
+    def server_seen(self, server: str) -> None:
+        """The first MCP server: from here on there is something to sum up."""
+        if self.mode() == "off":
+            return
+        self._tally(server)
+
+    def gap(self, server: str, kind: str) -> None:
+        tally = self._tally(server)
+        if tally is not None:
+            with self._lock:
+                tally.gaps[kind] += 1
+
+    def verdict(
+        self,
+        server: str,
+        transport: str,
+        outcome: str,
+        gap_kinds: Iterable[str] = (),
+        *,
+        opaque_ids: bool = False,
+    ) -> None:
+        """One attempt's verdict: tallied, and written as one line."""
+        if self.mode() == "off":
+            return
+        kinds = sorted(gap_kinds)
+        lost = kinds.count(LOST)
+        tally = self._tally(server)
+        hint = False
+        if tally is not None:
+            with self._lock:
+                tally.outcomes[outcome] += 1
+                if outcome == "unverifiable" and opaque_ids and not tally.hinted:
+                    tally.hinted = hint = True
+        level = logging.WARNING if outcome in WARNING_OUTCOMES else logging.INFO
+        if _logger.isEnabledFor(level) and self._budget.take((outcome, server)):
+            _logger.log(
+                level,
+                "mcp-resumption verdict: %s server=%s transport=%s gaps=%s lost_calls=%d",
+                outcome,
+                server,
+                transport,
+                ",".join(sorted(set(kinds))) or "-",
+                lost,
+            )
+        if hint:
+            _logger.warning(
+                "mcp-resumption hint: server=%s: its resumes are unverifiable because its event "
+                "ids are opaque (no counter the plugin can order them by, e.g. UUIDs). To make "
+                "them provable, wrap the server's event store in ProvableEventStore "
+                "(opentelemetry.instrumentation.mcp_resumption.server), or declare the ids' "
+                "scheme in OTEL_PYTHON_MCP_RESUMPTION_EVENT_ID_PATTERN",
+                server,
+            )
+
+    # -- the summary
+
+    def summary_lines(self) -> list[str]:
+        """One line per server seen: its resumes by outcome, its gaps by kind
+        and its lost calls."""
+        with self._lock:
+            servers = {
+                name: (Counter(tally.outcomes), Counter(tally.gaps))
+                for name, tally in self._servers.items()
+            }
+        lines = []
+        for name, (outcomes, gaps) in sorted(servers.items()):
+            by_outcome = " ".join(f"{k}={v}" for k, v in sorted(outcomes.items()))
+            by_kind = ",".join(f"{k}:{v}" for k, v in sorted(gaps.items())) or "-"
+            lines.append(
+                f"mcp-resumption summary: server={name} attempts={sum(outcomes.values())}"
+                + (f" {by_outcome}" if by_outcome else "")
+                + f" gaps={by_kind} lost_calls={gaps.get(LOST, 0)}"
+            )
+        return lines
+
+    def write_summary(self) -> None:
+        """Log the summary (at exit): WARNING for a server that had a gap or
+        a lost call, INFO for the others.  Never raises."""
+        try:
+            if not self._servers or self.mode() == "off":
+                return
+            for line in self.summary_lines():
+                clean = " gaps=- " in line and line.endswith("lost_calls=0")
+                bad = any(f" {o}=" in line for o in WARNING_OUTCOMES)
+                _logger.log(logging.INFO if clean and not bad else logging.WARNING, "%s", line)
+        except Exception:  # at exit, in the host's process: never a traceback
+            pass
+
+    def _after_fork(self) -> None:
+        """A forked child sums up its own resumes, not its parent's."""
+        self._lock = threading.Lock()
+        self._servers = {}
+        self._budget = _Budget()
+
+    def reset(self) -> None:
+        """Forget the tally (tests)."""
+        with self._lock:
+            self._servers.clear()
+        self._budget = _Budget()
+        self._mode = None
+
+    def _tally(self, server: str) -> _Server | None:
+        with self._lock:
+            tally = self._servers.get(server)
+            if tally is None and len(self._servers) < MAX_SERVERS:
+                tally = self._servers[server] = _Server()
+            return tally
+
+
+verdicts = VerdictLog()
+atexit.register(verdicts.write_summary)  # see the module's doc for the order
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=verdicts._after_fork)
+
+
+def summary_lines() -> list[str]:
+    """The per-server summary so far, as the exit would log it."""
+    return verdicts.summary_lines()
+
+
+def server_name(address: str, port: int | None) -> str:
+    return address if port is None else f"{address}:{port}"
