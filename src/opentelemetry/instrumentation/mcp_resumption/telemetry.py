@@ -26,6 +26,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry import metrics, trace
 
 from . import semconv as sc
+from .budget import LogBudget
 from .continuity import Gap, Outcome, Verdict
 from .facts import (
     RequestFacts,
@@ -162,32 +163,6 @@ class Evictions:
                 else:
                     self._last_read[token] = tracker.evicted_streams
             return [Observation(self._of_the_gone + sum(self._last_read.values()))]
-
-
-class LogBudget:
-    """How many ``resumption.gap`` log records a (gap kind, server) may still
-    write: a server answering thousands of unknown ids would otherwise write
-    thousands of records.  A burst, then one per interval; the metrics and the
-    span events count every gap.  Unlocked: a race lets one more through."""
-
-    BURST = 10
-    INTERVAL = 6.0  # seconds per record after the burst
-    MAX_KEYS = 1024
-
-    def __init__(self) -> None:
-        self._left: dict[tuple[str, str], tuple[float, float]] = {}
-
-    def take(self, key: tuple[str, str]) -> bool:
-        now = time.monotonic()
-        tokens, at = self._left.get(key, (self.BURST, now))
-        tokens = min(self.BURST, tokens + (now - at) / self.INTERVAL)
-        if len(self._left) >= self.MAX_KEYS and key not in self._left:
-            self._left.clear()
-        if tokens < 1:
-            self._left[key] = (tokens, now)
-            return False
-        self._left[key] = (tokens - 1, now)
-        return True
 
 
 class Instruments:

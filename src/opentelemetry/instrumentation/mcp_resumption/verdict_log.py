@@ -32,10 +32,11 @@ import atexit
 import logging
 import os
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from .budget import LogBudget
 
 LOGGER_NAME = "opentelemetry.instrumentation.mcp_resumption.verdicts"
 SETTING = "OTEL_PYTHON_MCP_RESUMPTION_VERDICT_LOG"
@@ -58,35 +59,13 @@ class _Server:
     hinted: bool = False
 
 
-class _Budget:
-    """Verdict lines per (outcome, server): a burst, then one per interval
-    (a client resuming every second would otherwise write a line a second
-    for ever).  The summary counts every verdict."""
-
-    BURST = 10
-    INTERVAL = 6.0
-
-    def __init__(self) -> None:
-        self._left: dict[tuple[str, str], tuple[float, float]] = {}
-
-    def take(self, key: tuple[str, str]) -> bool:
-        now = time.monotonic()
-        tokens, at = self._left.get(key, (self.BURST, now))
-        tokens = min(self.BURST, tokens + (now - at) / self.INTERVAL)
-        if len(self._left) >= MAX_SERVERS * 4 and key not in self._left:
-            self._left.clear()
-        taken = tokens >= 1
-        self._left[key] = (tokens - 1 if taken else tokens, now)
-        return taken
-
-
 class VerdictLog:
     """The tally and the lines.  One per process (:data:`verdicts`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._servers: dict[str, _Server] = {}
-        self._budget = _Budget()
+        self._budget = LogBudget(MAX_SERVERS * 4)
         self._mode: str | None = None
 
     # -- settings
@@ -205,13 +184,13 @@ class VerdictLog:
         """A forked child sums up its own resumes, not its parent's."""
         self._lock = threading.Lock()
         self._servers = {}
-        self._budget = _Budget()
+        self._budget = LogBudget(MAX_SERVERS * 4)
 
     def reset(self) -> None:
         """Forget the tally (tests)."""
         with self._lock:
             self._servers.clear()
-        self._budget = _Budget()
+        self._budget = LogBudget(MAX_SERVERS * 4)
         self._mode = None
 
     def _tally(self, server: str) -> _Server | None:
