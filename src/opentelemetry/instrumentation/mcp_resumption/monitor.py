@@ -621,6 +621,8 @@ class ResumptionMonitor:
             # A lost request is a gap of the attempt that waited for it, if any.
             holder = decided.broken.holder
             attempt = self._held.get(holder.key) if holder is not None else None
+            if attempt is None and context is not None and context.stream is holder:
+                attempt = context
             self.telemetry.fate(decided.broken.tag, decided, attempt)
         for stream, final in step.closed:
             held = self._held.pop(stream.key, None)
