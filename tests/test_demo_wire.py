@@ -108,6 +108,7 @@ def test_scenarios_carry_design_names() -> None:
         "store_reset_guarded",
         "stateless_cut_reissued",
         "stateless_cut_lost",
+        "bridge_cut_lost",
     ]
     for scenario in scenarios:
         assert set(scenario.expected_gaps) <= set(GAP_KINDS), scenario.name
@@ -473,3 +474,18 @@ def test_broken_request_fates_reads_the_wire() -> None:
         _exchange(7, call(9, 2, meta=9), [answer(9)], severed=False),
     ]
     assert broken_request_fates(log) == {"answered": 1, "reissued": 1, "lost": 1}
+
+
+def test_bridge_cut(run: _Run) -> None:
+    """Behind supergateway (no event store), the tools/call stream was cut
+    mid-call with no event id on it: no resume was tried, the application
+    gave up, the call is lost."""
+    wire = run.wires["bridge_cut_lost"]
+    cut = next(x for x in wire.exchanges if x.severed)
+    assert cut.request.jsonrpc_method == "tools/call"
+    assert cut.session_id_received is not None  # --stateful: a session, and still no ids
+    assert [e.id for e in cut.events] == [None] and "notifications/progress" in cut.events[0].data
+    assert wire.resumes == [] and not any(x.last_event_id_sent for x in wire.exchanges)
+    (request_id,) = wire.in_flight
+    assert not [x for x in wire.exchanges for e in x.events if response_id(e) == request_id]
+    assert wire.fates == {"lost": 1}

@@ -15,6 +15,7 @@ GAP_SCENARIOS = {
     "poll_store_reset": {"McpResumptionLostToolCall"},
     # lost at a break that nothing could resume: no resume, still a lost call
     "stateless_cut_lost": {"McpResumptionLostToolCall"},
+    "bridge_cut_lost": {"McpResumptionLostToolCall"},
 }
 CONTROLS = (
     "faithful_resume_int",

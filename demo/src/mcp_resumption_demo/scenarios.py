@@ -995,6 +995,7 @@ SCENARIO_MODULES: Final = (
     "mcp_resumption_demo.ts_scenarios",
     "mcp_resumption_demo.server_scenarios",
     "mcp_resumption_demo.stateless_scenarios",
+    "mcp_resumption_demo.bridge_scenarios",
 )
 
 

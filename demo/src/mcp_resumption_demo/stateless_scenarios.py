@@ -38,7 +38,7 @@ _STEPS: Final = 3
 _EVENTS_BEFORE_CUT: Final = 1
 
 
-def _cut_first_call(backend: Any) -> Any:
+def cut_first_call(backend: Any) -> Any:
     """The balancer's idle timeout cuts the first tools/call's stream mid-call
     (the server finishes the call: only the client's leg dies); everything
     else, the re-issued call too, goes through."""
@@ -53,7 +53,7 @@ def _cut_first_call(backend: Any) -> Any:
     return policy
 
 
-async def _call_until_cut(session: SdkSession, router: Router) -> ToolOutcome | None:
+async def call_until_cut(session: SdkSession, router: Router) -> ToolOutcome | None:
     """Call ``slow``; its stream is cut. mcp 2.x fails the call at once
     ("SSE stream ended without a response"); mcp 1.x has no id to reconnect
     with and would wait for its read timeout, so the application stops
@@ -72,27 +72,32 @@ async def _call_until_cut(session: SdkSession, router: Router) -> ToolOutcome | 
 async def _stateless_cut(name: str, *, reissue: bool) -> ScenarioWire:
     async with _staged() as stage:
         backend = await stage.serve("sdk-stateless", sdk_streamable_app(stateless=True))
-        router = await stage.route(_cut_first_call(backend))
+        router = await stage.route(cut_first_call(backend))
         wire = ScenarioWire(name, MCP_MAJOR, transport_before="streamable-http")
         async with sdk_stateless_session(f"{router.url}/mcp") as session:
-            wire.tool_result = await _call_until_cut(session, router)
+            wire.tool_result = await call_until_cut(session, router)
             if reissue:
                 # What 2026-07-28 asks of a client whose stream broke: the same
                 # call again, under a new id.
                 wire.tool_result = await session.call_tool(
                     "slow", {"steps": _STEPS}, read_timeout=_GUARD_TIMEOUT_S
                 )
-        exchanges = router.exchanges
-        cut = _cut_call(exchanges)
-        request_id = _request_id(cut.request.jsonrpc or {})
-        wire.severed = cut.severed
-        wire.session_id_before = cut.session_id_received
-        wire.received_before = _events_of(cut)
-        wire.in_flight = {request_id: "tools/call"}
-        wire.resumes = [_attempt_of(x, request_id) for x in _resumes(exchanges)]
-        wire.fates = broken_request_fates(exchanges)
-        wire.exchanges = exchanges
-        return wire
+        return record_cut(wire, router)
+
+
+def record_cut(wire: ScenarioWire, router: Router) -> ScenarioWire:
+    """The cut call's truth, read from the router's log."""
+    exchanges = router.exchanges
+    cut = _cut_call(exchanges)
+    request_id = _request_id(cut.request.jsonrpc or {})
+    wire.severed = cut.severed
+    wire.session_id_before = cut.session_id_received
+    wire.received_before = _events_of(cut)
+    wire.in_flight = {request_id: "tools/call"}
+    wire.resumes = [_attempt_of(x, request_id) for x in _resumes(exchanges)]
+    wire.fates = broken_request_fates(exchanges)
+    wire.exchanges = exchanges
+    return wire
 
 
 async def _stateless_cut_reissued() -> ScenarioWire:

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Final
 
-__all__ = ["PROJECT", "TsServer", "prepare"]
+__all__ = ["PROJECT", "TsServer", "node_project", "prepare"]
 
 PROJECT: Final = Path(__file__).with_name("ts_server")
 _FILES: Final = ("package.json", "package-lock.json", "server.mjs")
@@ -104,6 +104,14 @@ def prepare() -> str | None:
         except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
             _unavailable = str(error) if isinstance(error, RuntimeError) else f"npm ci: {error}"
     return _unavailable
+
+
+def node_project() -> Path:
+    """Where the node project's packages are installed (after ``prepare()``
+    said None): the TypeScript server's, and the bridge row's supergateway."""
+    if prepare() is not None or _ready is None:
+        raise RuntimeError(f"the node project cannot run here: {_unavailable}")
+    return _ready
 
 
 class TsServer:
