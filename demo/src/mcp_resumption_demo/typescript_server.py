@@ -153,7 +153,9 @@ class TsServer:
         """The server's wire log so far, one entry per line."""
         if not self.log_path.exists():
             return []
-        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line]
+        # node may be writing a line right now: only whole lines are read.
+        whole, _, _ = self.log_path.read_text().rpartition("\n")
+        return [json.loads(line) for line in whole.splitlines() if line]
 
     def close(self) -> None:
         if self.process.poll() is None:
