@@ -85,7 +85,9 @@ class TsServer:
     def wire(self) -> list[dict]:
         if not self.log_path.exists():
             return []
-        return [json.loads(line) for line in self.log_path.read_text().splitlines()]
+        # node may be writing a line right now: only whole lines are read.
+        whole, _, _ = self.log_path.read_text().rpartition("\n")
+        return [json.loads(line) for line in whole.splitlines() if line]
 
     def wait_for(self, predicate, timeout: float = 10) -> list[dict]:
         deadline = time.monotonic() + timeout
