@@ -475,6 +475,7 @@ def main() -> None:
     parser.add_argument("--rows", action="append", choices=list(ROWS))
     parser.add_argument("--timed", type=int, help="native timed repeats (3; --quick 2)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--ns", type=int, nargs=2, metavar=("SMALL", "LARGE"), help="every row's N")
     parser.add_argument("--src", type=Path, default=ROOT / "src", help="the plugin measured")
     parser.add_argument("--worker", nargs=4, metavar=("ROW", "CONFIG", "N", "ARG"))
     parser.add_argument("--repeats", type=int, default=0)
@@ -502,7 +503,7 @@ def main() -> None:
         for row in rows:
             python, unit, configs, ns, quick_ns = ROWS[row]
             arguments = []
-            for n in quick_ns if args.quick else ns:
+            for n in args.ns or (quick_ns if args.quick else ns):
                 if unit == "event":
                     argument = str(Path(scratch) / f"events-{n}.sse")
                     if not Path(argument).exists():
@@ -542,16 +543,16 @@ def main() -> None:
         for server in servers.values():
             server.close()
         shutil.rmtree(scratch, ignore_errors=True)
-    report(rows, args.quick, counted, times, started, load)
+    report(rows, args.quick, args.ns, counted, times, started, load)
 
 
-def report(rows, quick, counted, times, started, load) -> None:
+def report(rows, quick, forced, counted, times, started, load) -> None:
     per: dict[tuple[str, str], float] = {}
     timed: dict[tuple[str, str], float] = {}
     factors = []
     for row in rows:
         _, _, configs, ns, quick_ns = ROWS[row]
-        small, large = quick_ns if quick else ns
+        small, large = forced or (quick_ns if quick else ns)
         for config in configs:
             instructions = counted[row, config, large] - counted[row, config, small]
             cpu = statistics.median(times[row, config]["large"]) - statistics.median(
