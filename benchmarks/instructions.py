@@ -69,8 +69,20 @@ CHUNK = 16 * 1024
 
 # row -> (python, unit, configurations, (small N, large N), quick Ns)
 ROWS: dict[str, tuple[Path, str, tuple[str, ...], tuple[int, int], tuple[int, int]]] = {
-    "httpx-sse sync": (MCP2, "event", ("bare", "httpx-instr", "ours"), (2000, 22000), (500, 5500)),
-    "httpx-sse async": (MCP2, "event", ("bare", "httpx-instr", "ours"), (2000, 22000), (500, 5500)),
+    "httpx-sse sync": (
+        MCP2,
+        "event",
+        ("bare", "httpx-instr", "floor", "ours"),
+        (2000, 22000),
+        (500, 5500),
+    ),
+    "httpx-sse async": (
+        MCP2,
+        "event",
+        ("bare", "httpx-instr", "floor", "ours"),
+        (2000, 22000),
+        (500, 5500),
+    ),
     "httpx2 EventSource": (
         MCP2,
         "event",
@@ -78,8 +90,8 @@ ROWS: dict[str, tuple[Path, str, tuple[str, ...], tuple[int, int], tuple[int, in
         (2000, 22000),
         (500, 5500),
     ),
-    "POST→json": (MCP2, "POST", ("bare", "httpx-instr", "ours"), (50, 550), (20, 170)),
-    "POST→sse": (MCP2, "POST", ("bare", "httpx-instr", "ours"), (50, 550), (20, 170)),
+    "POST→json": (MCP2, "POST", ("bare", "httpx-instr", "floor", "ours"), (50, 550), (20, 170)),
+    "POST→sse": (MCP2, "POST", ("bare", "httpx-instr", "floor", "ours"), (50, 550), (20, 170)),
     "tools/call mcp 1.x": (
         MCP1,
         "tools/call",
@@ -285,6 +297,67 @@ def _peer(name: str) -> None:
         raise SystemExit(f"unknown configuration {name}")
 
 
+def _ringed_layer(row: str) -> None:
+    """The floor of the per-event target: a layer around the client's own
+    SSE iterator, wrapped as the plugin wraps it (wrapt), that keeps a ring
+    of references to the last events and does nothing else."""
+    from collections import deque
+
+    from wrapt import wrap_function_wrapper
+
+    def sync(wrapped, instance, args, kwargs):
+        events = wrapped(*args, **kwargs)
+        ring: deque = deque(maxlen=17)
+
+        def layer():
+            append = ring.append
+            for sse in events:
+                append(sse)
+                yield sse
+
+        return layer()
+
+    def asynchronous(wrapped, instance, args, kwargs):
+        events = wrapped(*args, **kwargs)
+        ring: deque = deque(maxlen=17)
+
+        async def layer():
+            append = ring.append
+            async for sse in events:
+                append(sse)
+                yield sse
+
+        return layer()
+
+    if row.startswith("httpx-sse"):
+        wrap_function_wrapper("httpx_sse", "EventSource.iter_sse", sync)
+        wrap_function_wrapper("httpx_sse", "EventSource.aiter_sse", asynchronous)
+    else:
+        wrap_function_wrapper("httpx2", "EventSource.__aiter__", asynchronous)
+
+
+def _floor(row: str, stack: Any) -> None:
+    """``floor``: httpx-instr plus the least a design with the plugin's patch
+    points does: for an event row the ringed layer alone; for a POST row
+    ``request_path_floor.py``'s stand-in (send, iter_sse, close, on_start)."""
+    from configs import configured
+
+    if row in EVENT_ROWS:
+        stack.enter_context(configured("httpx-instr"))
+        _ringed_layer(row)
+        return
+    import httpx
+    import httpx_sse
+    from request_path_floor import _StandIn
+    from wrapt import wrap_function_wrapper
+
+    stand_in = _StandIn()
+    stack.enter_context(configured("httpx-instr", span_processor=stand_in))
+    wrap_function_wrapper(httpx, "Client.send", stand_in.send)
+    wrap_function_wrapper(httpx_sse, "EventSource.iter_sse", stand_in.iter_sse)
+    wrap_function_wrapper(httpx, "Response.close", stand_in.close)
+
+
 def _preload(row: str) -> None:
     """Everything the loop imports, imported before it (and before the
     configuration, as an application imports its libraries first)."""
@@ -335,6 +408,8 @@ def worker(
     with contextlib.ExitStack() as stack:
         if config in CONFIGS:
             stack.enter_context(configured(config))
+        elif config == "floor":
+            _floor(row, stack)
         else:
             _peer(config)
         _loop(row, 1, "" if row in EVENT_ROWS else argument)
@@ -598,6 +673,13 @@ def report(rows, quick, forced, counted, times, started, load) -> None:
         httpx_adds = instr - bare
         line(row, "bare", 0, "")
         line(row, "httpx-instr", httpx_adds, "bare")
+        if "floor" in configs:
+            floor = per[row, "floor"] - instr
+            what = "a ringed layer, nothing else" if unit == "event" else "patch points only"
+            against = f"httpx-instr ({what}"
+            if unit != "event":
+                against += f"; {floor / httpx_adds:.2f} × httpx-instr's own"
+            line(row, "floor", floor, against + ")")
         ours = per[row, "ours"] - instr
         if unit == "event":
             verdict = "PASS" if ours <= EVENT_TARGET else "MISS"
