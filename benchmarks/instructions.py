@@ -692,7 +692,7 @@ def report(rows, quick, forced, counted, times, started, load) -> None:
                 row,
                 "ours",
                 ours,
-                f"httpx-instr ({ratio:.2f} × httpx-instr's own)",
+                f"httpx-instr ({ratio:.3f} × httpx-instr's own)",
                 f"≤ {bound:.2f} × httpx-instr",
                 verdict,
             )
@@ -703,7 +703,7 @@ def report(rows, quick, forced, counted, times, started, load) -> None:
                 row,
                 "ours",
                 ours,
-                f"httpx-instr ({ratio:.2f} × httpx-instr's own)",
+                f"httpx-instr ({ratio:.3f} × httpx-instr's own)",
                 f"≤ {TOOLS_TARGET:.2f} × httpx-instr",
                 verdict,
             )
