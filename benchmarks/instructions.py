@@ -86,7 +86,7 @@ ROWS: dict[str, tuple[Path, str, tuple[str, ...], tuple[int, int], tuple[int, in
     "httpx2 EventSource": (
         MCP2,
         "event",
-        ("bare", "httpx-instr", "ours"),
+        ("bare", "httpx-instr", "floor", "ours"),
         (2000, 22000),
         (500, 5500),
     ),
