@@ -150,6 +150,10 @@ def _prepare(owner: ResumptionMonitor, args: tuple, kwargs: dict):
     if facts is None:
         return None
     attributes = guarded("request attributes", owner.request_attributes, facts)
+    # Most requests neither resume nor end a session: begin_request would
+    # return None at once (a call and a guard less per request).
+    if facts.last_event_id is None and facts.method != "DELETE":
+        return facts, None, attributes
     resume = guarded("opening the resume span", owner.begin_request, facts, attributes)
     return facts, resume, attributes
 
@@ -204,8 +208,11 @@ def _send(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     request_scope = owner.request_scope
     token = request_scope.set((attributes, facts.query_names_session))
     try:
-        with _span_scope(resume):
+        if resume is None:  # no span to make current (a with costs a little)
             response = wrapped(*args, **kwargs)
+        else:
+            with _span_scope(resume):
+                response = wrapped(*args, **kwargs)
     except BaseException as error:
         guarded("recording a failed reconnect", _failed, owner, facts, resume, error)
         raise
@@ -223,8 +230,11 @@ async def _async_send(owner: ResumptionMonitor, wrapped, instance, args, kwargs)
     request_scope = owner.request_scope
     token = request_scope.set((attributes, facts.query_names_session))
     try:
-        with _span_scope(resume):
+        if resume is None:
             response = await wrapped(*args, **kwargs)
+        else:
+            with _span_scope(resume):
+                response = await wrapped(*args, **kwargs)
     except BaseException as error:
         guarded("recording a failed reconnect", _failed, owner, facts, resume, error)
         raise
