@@ -62,9 +62,9 @@ def test_faithful_resume_sync(server, instrumented, telemetry):
 
 
 def test_a_delete_still_ends_the_session(server, instrumented, telemetry):
-    """The send patch calls begin_request only for a request with a cursor or
-    a DELETE (issue 24): a DELETE still tells the tracker, a POST without a
-    cursor opens no resume (a cursor's resume: test_faithful_resume_sync)."""
+    """A request that opens no resume is sent without a span scope (issue
+    24): a DELETE still tells the tracker, a POST without a cursor opens no
+    resume (a cursor's resume: test_faithful_resume_sync)."""
 
     def stream(request, body):
         return 200, {"mcp-session-id": "s-del"}, [sse("d-1", notification(1))]

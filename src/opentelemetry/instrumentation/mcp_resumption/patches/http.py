@@ -150,10 +150,6 @@ def _prepare(owner: ResumptionMonitor, args: tuple, kwargs: dict):
     if facts is None:
         return None
     attributes = guarded("request attributes", owner.request_attributes, facts)
-    # Most requests neither resume nor end a session: begin_request would
-    # return None at once (a call and a guard less per request).
-    if facts.last_event_id is None and facts.method != "DELETE":
-        return facts, None, attributes
     resume = guarded("opening the resume span", owner.begin_request, facts, attributes)
     return facts, resume, attributes
 
