@@ -3,9 +3,12 @@ they judge (``benchmarks/README.md``, "Per POST without the network")."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -30,3 +33,26 @@ def test_request_path_floor_prints_its_rows():
     out = _run("request_path_floor.py")
     for row in ("httpx-instr", "stand-in (patch points only)", "ours"):
         assert f"| {row} |" in out, out
+
+
+ROOT = BENCHMARKS.parent
+
+
+@pytest.mark.mcp2
+@pytest.mark.skipif(
+    shutil.which("valgrind") is None or not (ROOT / ".venv-mcp2" / "bin" / "python").exists(),
+    reason="valgrind or .venv-mcp2 missing (scripts/bench-instructions installs both)",
+)
+def test_instruction_benchmark_counts_and_judges_a_row():
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "instructions.py"), "--rows", "httpx-sse sync",
+         "--ns", "20", "120", "--timed", "1"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "µs per 1,000 instructions" in result.stdout, result.stdout
+    [judged] = [
+        line for line in result.stdout.splitlines()
+        if line.startswith("| httpx-sse sync (per event) | ours |")
+    ]
+    assert judged.endswith(("| PASS |", "| MISS |")), judged

@@ -59,3 +59,27 @@ def test_faithful_resume_sync(server, instrumented, telemetry):
     assert ids == ["e-4", "e-5"]
     assert telemetry.gap_kinds() == {}
     assert telemetry.outcomes() == {"resumed": 1}
+
+
+def test_a_delete_still_ends_the_session(server, instrumented, telemetry):
+    """A request that opens no resume is sent without a span scope (issue
+    24): a DELETE still tells the tracker, a POST without a cursor opens no
+    resume (a cursor's resume: test_faithful_resume_sync)."""
+
+    def stream(request, body):
+        return 200, {"mcp-session-id": "s-del"}, [sse("d-1", notification(1))]
+
+    server.on("POST", "/del", stream)
+    server.on("GET", "/del", stream)
+    server.on("DELETE", "/del", lambda request, body: (200, {"content-type": "text/plain"}, []))
+    call = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t"}}'
+    headers = {"mcp-session-id": "s-del", "content-type": "application/json"}
+    with httpx.Client(base_url=server.url) as http:
+        with httpx_sse.connect_sse(http, "POST", "/del", headers=headers, content=call) as source:
+            assert [event.id for event in source.iter_sse()] == ["d-1"]
+        assert telemetry.resume_spans() == []  # no cursor: no resume
+        tracker = instrumented.processor.tracker
+        [session] = [s for key, s in tracker._sessions.items() if key[1] == "s-del"]
+        assert not session.terminated
+        http.delete("/del", headers={"mcp-session-id": "s-del"})
+        assert session.terminated

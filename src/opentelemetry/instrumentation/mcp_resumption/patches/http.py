@@ -204,8 +204,11 @@ def _send(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     request_scope = owner.request_scope
     token = request_scope.set((attributes, facts.query_names_session))
     try:
-        with _span_scope(resume):
+        if resume is None:  # no span to make current (a with costs a little)
             response = wrapped(*args, **kwargs)
+        else:
+            with _span_scope(resume):
+                response = wrapped(*args, **kwargs)
     except BaseException as error:
         guarded("recording a failed reconnect", _failed, owner, facts, resume, error)
         raise
@@ -223,8 +226,11 @@ async def _async_send(owner: ResumptionMonitor, wrapped, instance, args, kwargs)
     request_scope = owner.request_scope
     token = request_scope.set((attributes, facts.query_names_session))
     try:
-        with _span_scope(resume):
+        if resume is None:
             response = await wrapped(*args, **kwargs)
+        else:
+            with _span_scope(resume):
+                response = await wrapped(*args, **kwargs)
     except BaseException as error:
         guarded("recording a failed reconnect", _failed, owner, facts, resume, error)
         raise
