@@ -205,7 +205,10 @@ def test_a_repeated_empty_replay_in_observe_mode_loses_the_call_once(telemetry, 
     monkeypatch.setitem(GIVE_UP, kind, 2.0)
     router, _, _ = run(telemetry, kind, sdk_app(IntegerEventStore(lost=True)))
     truth = Truth(router)
-    assert truth.resumes and {resume.status for resume in truth.resumes} == {200}
+    statuses = [resume.status for resume in truth.resumes]
+    # Each resume gets 200 and nothing; one still in flight when the
+    # application gives up and ends the session meets its end: 404.
+    assert statuses and set(statuses[:-1]) <= {200} and statuses[-1] in (200, 404), statuses
     outcomes = telemetry.outcomes()
-    assert set(outcomes) == {"gap"}, outcomes
+    assert set(outcomes) == {"gap"} | ({"rejected"} if statuses[-1] == 404 else set()), outcomes
     assert_lost(telemetry, truth)

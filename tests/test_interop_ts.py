@@ -321,7 +321,10 @@ def test_store_that_lost_the_cursor(telemetry, ts):
 
 
 def test_restarted_server(telemetry, ts):
-    server = ts(RETRY_MS="1500")
+    # The client comes back after the retry the server asked for: long enough
+    # for a loaded machine to restart node, so that the resume meets the new
+    # process (a resume that finds nothing listening is another test's case).
+    server = ts(RETRY_MS="4000")
 
     def restart() -> None:
         server.wait_for(lambda entries: any(e.get("step") == "cut" for e in entries))
@@ -329,7 +332,7 @@ def test_restarted_server(telemetry, ts):
         server.start()
 
     result = call(telemetry, server, "poll", {"cuts": 1, "before_result_ms": 200},
-                  timeout=8, during=restart, settle="orphaned_request")
+                  timeout=12, during=restart, settle="orphaned_request")
     entries = server.wire()
     wire = Wire(entries, "poll")
     assert wire.resumes, "the client resumed after the restart"

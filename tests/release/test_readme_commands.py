@@ -64,6 +64,11 @@ PROMETHEUS = (
 )
 SCRAPE_TARGET = ".venv/bin/mcp-resumption demo --prometheus-port 9464 --hold 600"
 BENCH = "bash scripts/bench            # ~5 min (plus the install on a fresh clone); --quick ~1 min"
+# Run shortened (one row, short runs) by tests/test_benchmark_scripts.py.
+BENCH_INSTRUCTIONS = (
+    "bash scripts/bench-instructions            # ~13 min on 2 shared cores "
+    "(the first time: the installs)"
+)
 FUZZ = "PYTHONPATH=src:tests .venv-mcp2/bin/python tests/fuzz_sse.py --cases 100000"
 CHECKING = (
     "bash dashboards/check.sh             # needs promtool: apt-get install -y prometheus\n"
@@ -86,7 +91,8 @@ EXAMPLES_CLIENT = (
     ".venv/bin/python examples/manual/client_mcp2.py http://127.0.0.1:8000/mcp --mode legacy"
 )
 ALL = {DEMO, TESTS, FROM_CLONE, FROM_WHEEL, PUBLISHED, SCENARIO, PROMETHEUS, SCRAPE_TARGET}
-ALL |= {BENCH, FUZZ, CHECKING, DOCKER, EXAMPLES_INSTALL, EXAMPLES_SERVER, EXAMPLES_CLIENT}
+ALL |= {BENCH, BENCH_INSTRUCTIONS, FUZZ, CHECKING, DOCKER, EXAMPLES_INSTALL, EXAMPLES_SERVER}
+ALL |= {EXAMPLES_CLIENT}
 
 FENCE = re.compile(r"^( *)```sh\n(.*?)^\1```$", re.DOTALL | re.MULTILINE)
 
