@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
-import itertools
 import sys
 import time
 
@@ -19,6 +18,7 @@ if sys.version_info < (3, 11):
 from mcp.server.streamable_http import EventStore
 
 from server_harness import Running, call_slow
+from wire import IntegerEventStore
 
 MCP_MAJOR = int(importlib.metadata.version("mcp").split(".")[0])
 
@@ -26,44 +26,6 @@ if MCP_MAJOR == 1:
     from mcp.server.fastmcp import Context, FastMCP
 else:
     from mcp.server.mcpserver import Context, MCPServer
-
-
-class IntegerEventStore(EventStore):
-    """Integer ids from one counter; replays strictly after the cursor (the
-    SDK's contract), or, with ``reset_on_replay``, restarts its counter the
-    way an instance that lost its state would."""
-
-    def __init__(self, reset_on_replay: bool = False, lost: bool = False) -> None:
-        self.events: list[tuple[str, str, object]] = []
-        self.counter = itertools.count(100)
-        self.reset_on_replay = reset_on_replay
-        self.lost = lost  # an instance that lost every cursor (seed 000)
-        self.replays = 0
-
-    async def store_event(self, stream_id, message):
-        event_id = str(next(self.counter))
-        self.events.append((event_id, stream_id, message))
-        return event_id
-
-    async def replay_events_after(self, last_event_id, send_callback):
-        self.replays += 1
-        if self.lost:
-            return None
-        if self.reset_on_replay:
-            self.counter = itertools.count(1)
-        ids = [event_id for event_id, _, _ in self.events]
-        if last_event_id not in ids:
-            return None
-        index = ids.index(last_event_id)
-        stream_id = self.events[index][1]
-        from mcp.server.streamable_http import EventMessage
-
-        for event_id, stream, message in self.events[index + 1 :]:
-            if stream == stream_id and message is not None:
-                if self.reset_on_replay:
-                    event_id = str(next(self.counter))
-                await send_callback(EventMessage(message, event_id))
-        return stream_id
 
 
 def build_app(store: EventStore):
