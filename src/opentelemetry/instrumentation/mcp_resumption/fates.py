@@ -94,9 +94,6 @@ class BrokenLedger:
     def __bool__(self) -> bool:
         return bool(self._entries)
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def awaits(self, server: str) -> bool:
         """Whether a request to ``server`` may re-issue a broken one."""
         return server in self._by_server
@@ -171,11 +168,6 @@ class BrokenLedger:
             for broken in list(self._entries.values())
             if broken.stopped_at is not None and now - broken.stopped_at >= window
         ]
-
-    def next_due(self, window: float) -> float | None:
-        """When the next window ends (monotonic), if any runs."""
-        times = [b.stopped_at for b in self._entries.values() if b.stopped_at is not None]
-        return min(times) + window if times else None
 
     def session_closed(self, session: Any, why: str) -> list[Decided]:
         return [

@@ -291,6 +291,14 @@ def _ids(indexed: str | tuple[str, ...]) -> tuple[str, ...]:
     return (indexed,) if isinstance(indexed, str) else indexed
 
 
+def _session_key(
+    server: str, session_id: str | None, path: str | None
+) -> tuple[str, str | None, str | None]:
+    """Where a session is kept: sessionless streams share ids per URL path,
+    not per origin."""
+    return (server, session_id, None if session_id is not None else path)
+
+
 # hash() never returns -1 (CPython reserves it for errors), so it can stand
 # for "no digest" (a marker) in the packed window.
 _MARKER = -1
@@ -904,8 +912,7 @@ class Tracker:
         SDK's courtesy cancel after a failure: its fate runs on.)"""
         keys = cancelled_in(body)
         with self._lock:
-            key = (server, session_id, None if session_id is not None else path)
-            session = self._sessions.get(key)
+            session = self._sessions.get(_session_key(server, session_id, path))
             if session is None or not session.pending:
                 return
             holders = session.holders or {}
@@ -922,8 +929,7 @@ class Tracker:
         broken request's call under a new id decide its fate."""
         calls = calls_in(body)
         with self._lock:
-            key = (server, session_id, None if session_id is not None else path)
-            session = self._sessions.get(key)
+            session = self._sessions.get(_session_key(server, session_id, path))
             return self._fated(self.broken.reissued(server, session, calls))
 
     def fates_due(self, window: float) -> Step:
@@ -1353,8 +1359,7 @@ class Tracker:
         return candidates[-1]
 
     def _session(self, server: str, session_id: str | None, path: str | None = None) -> Session:
-        # Sessionless streams share ids per URL path, not per origin.
-        key = (server, session_id, None if session_id is not None else path)
+        key = _session_key(server, session_id, path)
         session = self._sessions.get(key)
         if session is None:
             session = self._sessions[key] = Session(
