@@ -38,6 +38,7 @@ from wire import (
     Fleet,
     Truth,
     WireRouter,
+    assert_reissued,
     fates,
     instrument_env,
     orphan_logs,
@@ -197,11 +198,7 @@ def case_reissued(telemetry, monkeypatch, bridge: Bridge, kind: str, mode: str) 
 
     truth = Truth(run(telemetry, bridge, kind, act))
     call = the_cut_call(truth)
-    assert truth.fate(call) == "reissued"
-    [reissue] = truth.reissues_of(call)
-    assert reissue.answered_on == [reissue.exchange.index], wire_dump(truth)
-    after = truth.reissued_after(call)
-    assert after < CONFIRM, f"re-issued {after:.2f} s after the cut: inside the window"
+    assert_reissued(truth, call, CONFIRM, wire_dump(truth))
 
     assert (got := fates(telemetry)) == {"reissued": 1}, (got, wire_dump(truth))
     assert (got := telemetry.outcomes()) == {"not_resumable": 1}, (got, wire_dump(truth))

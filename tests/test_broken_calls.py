@@ -34,6 +34,7 @@ from wire import (
     AppClient,
     IntegerEventStore,
     Truth,
+    assert_reissued,
     fates,
     instrument_env,
     orphan_logs,
@@ -136,11 +137,7 @@ def test_a_cut_call_the_application_reissues_is_reissued(telemetry, monkeypatch,
     router, fates_open = asyncio.run(scenario())
     truth = Truth(router)
     call = assert_cut_without_ids(truth)
-    assert truth.fate(call) == "reissued"
-    [reissue] = truth.reissues_of(call)
-    assert reissue.answered_on == [reissue.exchange.index], "the re-issued call was answered"
-    after = truth.reissued_after(call)
-    assert after < CONFIRM, f"re-issued {after:.2f} s after the cut: inside the window"
+    assert_reissued(truth, call, CONFIRM)
 
     assert fates_open == {"reissued": 1}
     assert fates(telemetry) == {"reissued": 1}, "counted once, also after the exit"

@@ -214,7 +214,16 @@ async def wait_until(predicate: Callable[[], object], timeout: float):
 
 
 def fates(telemetry) -> dict[str, int]:
-    return telemetry.counts(BROKEN, FATE)
+    return telemetry.fates()
+
+
+def assert_reissued(truth: Truth, call: Call, window: float, why: str = "") -> None:
+    """The wire shows ``call`` re-issued once, answered, inside ``window``."""
+    assert truth.fate(call) == "reissued"
+    [reissue] = truth.reissues_of(call)
+    assert reissue.answered_on == [reissue.exchange.index], why or "the re-issue was answered"
+    after = truth.reissued_after(call)
+    assert after < window, f"re-issued {after:.2f} s after the cut: inside the window"
 
 
 def orphan_logs(telemetry) -> list:
