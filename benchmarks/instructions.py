@@ -637,19 +637,27 @@ def report(rows, quick, forced, counted, times, started, load) -> None:
             timed[row, config] = cpu / (large - small) * 1e6
             if instructions > 0 and cpu > 0:
                 factors.append(cpu * 1e6 / instructions * 1000)  # µs per 1,000 instructions
-    factor = statistics.median(factors)
+    # A short run on a loaded machine can time no positive difference at all;
+    # the instruction counts, which decide every verdict, stand without it.
+    factor = statistics.median(factors) if factors else None
     print(
         f"python {platform.python_version()}, {os.cpu_count()} CPUs, load {load:.2f}, "
         f"{'quick, ' if quick else ''}{time.time() - started:.0f} s, plugin from {SOURCE['src']}; "
         f"mcp2 env {_versions(MCP2)}"
         + (f"; mcp1 env {_versions(MCP1)}" if any(ROWS[r][0] == MCP1 for r in rows) else "")
     )
-    print(
-        f"\nfactor: {factor:.3f} µs per 1,000 instructions (median over {len(factors)} "
-        f"row × configuration pairs of Δ CPU time natively (median of the timed repeats) "
-        f"÷ Δ instructions under cachegrind; "
-        f"range {min(factors):.3f}–{max(factors):.3f})\n"
-    )
+    if factor is None:
+        print(
+            "\nfactor: not measured (no row × configuration pair timed a positive "
+            "Δ CPU time; run longer or with more --timed repeats); µs columns show –\n"
+        )
+    else:
+        print(
+            f"\nfactor: {factor:.3f} µs per 1,000 instructions (median over {len(factors)} "
+            f"row × configuration pairs of Δ CPU time natively (median of the timed repeats) "
+            f"÷ Δ instructions under cachegrind; "
+            f"range {min(factors):.3f}–{max(factors):.3f})\n"
+        )
     print(
         "| row | configuration | instructions per unit | µs at the factor "
         "| added instructions | vs | µs timed (secondary) | target | verdict |"
@@ -661,7 +669,8 @@ def report(rows, quick, forced, counted, times, started, load) -> None:
         unit = ROWS[row][1]
         print(
             f"| {row} (per {unit}) | {config} | {per[row, config]:,.0f} "
-            f"| {per[row, config] * factor / 1000:,.2f} | {_fmt(added)} | {against} "
+            f"| {'–' if factor is None else f'{per[row, config] * factor / 1000:,.2f}'} "
+            f"| {_fmt(added)} | {against} "
             f"| {timed[row, config]:,.2f} | {target} | {verdict} |"
         )
         if verdict:

@@ -3,6 +3,7 @@ they judge (``benchmarks/README.md``, "Per POST without the network")."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,11 @@ def test_instruction_benchmark_counts_and_judges_a_row():
         capture_output=True, text=True, timeout=300, check=False,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "µs per 1,000 instructions" in result.stdout, result.stdout
+    # The µs factor needs a positive timed difference, which a short run on a
+    # loaded machine may not get; the instruction counts decide the verdicts.
+    assert re.search(
+        r"^factor: (\d+\.\d{3} µs per 1,000 instructions|not measured)", result.stdout, re.M
+    ), result.stdout
     [judged] = [
         line for line in result.stdout.splitlines()
         if line.startswith("| httpx-sse sync (per event) | ours |")
