@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fuzz_sse import FLAVOURS, RawServer, Reply, block, consume, head, package_log
 from helpers import Telemetry
@@ -417,3 +419,39 @@ def test_request_headers_read_as_httpx_reads_them(raw_server, telemetry, raw, se
     [span] = telemetry.resume_spans()
     assert span.attributes["mcp.resumption.last_event_id"] == expected_id
     assert span.attributes["mcp.session.id"] == expected_session
+
+
+_HEADER_NAMES = st.sampled_from([b"Last-Event-ID", b"mcp-session-id", b"MCP-Session-Id",
+                                 b"accept", b"x-other", b"Content-Type"])
+_HEADER_VALUES = st.one_of(
+    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=12).map(
+        str.encode),
+    st.sampled_from(["é-7".encode(), b"\xe9-7", b"\xff\xfe"]),
+)
+
+
+class _RawOnly:
+    """Headers as a client library without ``_list`` would hold them."""
+
+    def __init__(self, headers) -> None:
+        self.raw, self.encoding = headers.raw, headers.encoding
+
+
+@given(st.lists(st.tuples(_HEADER_NAMES, _HEADER_VALUES), max_size=8))
+@settings(max_examples=300, deadline=None, derandomize=True)
+def test_the_one_pass_header_reader_gives_what_headers_get_gives(pairs):
+    """On httpx's and httpx2's ``Headers`` (their ``_list``) and on a raw
+    list alone: repeated headers joined, each list decoded as the library
+    decodes it."""
+    import httpx
+    import httpx2
+
+    from opentelemetry.instrumentation.mcp_resumption.patches.http import _headers
+
+    names = frozenset((b"last-event-id", b"mcp-session-id", b"content-type"))
+    for library in (httpx, httpx2):
+        headers = library.Headers(pairs)
+        for view in (headers, _RawOnly(headers)):
+            found = _headers(view, names)
+            for name in names:
+                assert found.get(name) == headers.get(name.decode()), (library, name)

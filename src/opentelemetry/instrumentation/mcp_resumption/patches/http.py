@@ -19,9 +19,10 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from opentelemetry import trace
 
+from ..continuity import ResumptionGapError
 from ..facts import RequestFacts, StreamContext, legacy_session_in_query
 from ..tracker import bounded_id
-from . import Targets, guarded
+from . import Targets, fault, guarded
 
 if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
     from ..monitor import ResumptionMonitor
@@ -44,9 +45,13 @@ def _headers(headers: Any, names: frozenset[bytes]) -> dict[bytes, str]:
     """The values of ``names`` (lower case) in ``headers``, decoded as httpx
     decodes them, a repeated header's values joined with ", " as
     ``Headers.get`` joins them."""
+    # httpx and httpx2 keep (raw key, lower-case key, value) for each header
+    # in ``_list``; ``raw`` would build a list and ``lower()`` every key again.
+    entries = getattr(headers, "_list", None)
+    if entries is None or (entries and len(entries[0]) != 3):
+        entries = [(key, key.lower(), value) for key, value in headers.raw]
     found: dict[bytes, str] = {}
-    for key, value in headers.raw:
-        key = key.lower()
+    for _, key, value in entries:
         if key in names:
             try:
                 text = value.decode("ascii")  # what any encoding makes of ASCII
@@ -146,11 +151,26 @@ def _prepare(owner: ResumptionMonitor, args: tuple, kwargs: dict):
     if not owner.active or not owner.enabled or not is_instrumentation_enabled():
         return None
     request = args[0] if args else kwargs.get("request")
-    facts = guarded("reading request facts", request_facts, owner, request)
+    # ``guarded()`` written out: this runs for every request.
+    try:
+        facts = request_facts(owner, request)
+    except Exception:
+        fault("reading request facts")
+        return None
     if facts is None:
         return None
-    attributes = guarded("request attributes", owner.request_attributes, facts)
-    resume = guarded("opening the resume span", owner.begin_request, facts, attributes)
+    try:
+        attributes = owner.request_attributes(facts)
+    except Exception:
+        fault("request attributes")
+        attributes = None
+    try:
+        resume = owner.begin_request(facts, attributes)
+    except ResumptionGapError:
+        raise  # enforce mode: the owner told the task's reconnect loop
+    except Exception:
+        fault("opening the resume span")
+        resume = None
     return facts, resume, attributes
 
 
