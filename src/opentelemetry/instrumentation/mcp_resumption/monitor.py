@@ -325,8 +325,6 @@ class ResumptionMonitor:
         session_id = response_session_id or facts.session_id
         body = facts.body
         requests = facts.ledger()
-        if requests != [] and event_stream:
-            self.tracker.request_sent(facts.server, session_id, requests, facts.path)
         stream = self.tracker.open_stream(
             facts.server,
             transport,
@@ -336,6 +334,7 @@ class ResumptionMonitor:
             carries=[key for key, _ in requests or ()],
             path=facts.path,
             body=body,
+            sent=requests if requests != [] and event_stream else (),
         )
         self._deferred.start()  # its iterator may be finalised by the GC
         # This resume took over the requests that earlier attempts handed to

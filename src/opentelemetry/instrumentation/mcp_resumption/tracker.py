@@ -559,27 +559,30 @@ class Tracker:
         ``None``: a body that was not read, so the ledger no longer knows
         every request of the session."""
         with self._lock:
-            session = self._session(server, session_id, path)
-            if requests is None:
-                session.ledger_unknown = True
-                return
-            for key, method in requests:
-                if session.pending is None:
-                    session.pending = {}
-                if len(session.pending) < MAX_REQUESTS:
-                    session.pending[key] = (method, None)
-                sent = session.sent
-                if sent is None:
-                    session.sent = (key,)
-                elif type(sent) is tuple and len(sent) < _SENT_AS_TUPLE:
-                    session.sent = (*sent, key)
-                else:
-                    if type(sent) is tuple:
-                        sent = session.sent = list(sent)
-                    sent.append(key)
-                    if len(sent) > SENT_WINDOW + SENT_TRIM:
-                        del sent[:SENT_TRIM]
-                        session.ledger_unknown = True
+            self._sent(self._session(server, session_id, path), requests)
+
+    @staticmethod
+    def _sent(session: Session, requests: Iterable[tuple[str, str]] | None) -> None:
+        if requests is None:
+            session.ledger_unknown = True
+            return
+        for key, method in requests:
+            if session.pending is None:
+                session.pending = {}
+            if len(session.pending) < MAX_REQUESTS:
+                session.pending[key] = (method, None)
+            sent = session.sent
+            if sent is None:
+                session.sent = (key,)
+            elif type(sent) is tuple and len(sent) < _SENT_AS_TUPLE:
+                session.sent = (*sent, key)
+            else:
+                if type(sent) is tuple:
+                    sent = session.sent = list(sent)
+                sent.append(key)
+                if len(sent) > SENT_WINDOW + SENT_TRIM:
+                    del sent[:SENT_TRIM]
+                    session.ledger_unknown = True
 
     # ----------------------------------------------------------- streams
 
@@ -594,6 +597,7 @@ class Tracker:
         request_session_id: str | None = None,
         path: str | None = None,
         body: bytes | None = None,
+        sent: Iterable[tuple[str, str]] | None = (),
     ) -> Stream:
         """An SSE response is about to be read.  ``last_event_id`` makes it a
         resume; ``carries`` are request keys whose responses it will carry.
@@ -601,15 +605,21 @@ class Tracker:
         request's); ``request_session_id``, the session the request named,
         is the one the client says its cursor belongs to (default: the
         stream's), and the cursor is looked up there.  ``path`` scopes the
-        ids of a stream without a session: never a whole origin."""
+        ids of a stream without a session: never a whole origin.  ``sent``:
+        the requests POSTed with it, as ``request_sent`` takes them (one
+        lock for both)."""
         cursor = bounded_id(last_event_id) or None
         claimed = request_session_id if request_session_id is not None else session_id
         with self._lock:
+            session = None
+            if sent != ():
+                session = self._session(server, session_id, path)
+                self._sent(session, sent)
             self._flush(fold=cursor is not None)
             previous = self._cursor_owner(server, cursor, claimed, path) if cursor else None
             if previous is not None and previous.session.session_id is not None:
                 session = previous.session
-            else:
+            elif session is None:
                 session = self._session(server, session_id, path)
             stream = Stream(next(self._keys), server, transport, session, path)
             self._admit(stream)
