@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 
 import httpx
 import httpx2
@@ -366,6 +368,58 @@ def test_a_close_from_another_task_is_still_the_application(raw_server, flavour)
         instrumentor.uninstrument()
         telemetry.shutdown()
         raw_server.release()
+    assert telemetry.outcomes() == {"reinitialized": 1}
+    assert telemetry.gap_kinds() == {}
+
+
+@pytest.mark.parametrize("flavour", ["httpx-sse", "httpx2"])
+def test_a_close_from_another_thread_is_still_the_application(raw_server, flavour):
+    """The same with threads: while a reader thread is inside a read of a
+    resume answered under a new session, the main thread closes the
+    response.  The reader's frame is running, but on another thread's stack:
+    the close is the application's (re-initialised), not the end of the
+    body."""
+    telemetry = Telemetry()
+    served = (SSE_TYPE, (b"mcp-session-id", b"th-2"))
+    raw_server.reply(f"/thread/{flavour}", Reply(
+        head(200, (SSE_TYPE, (b"mcp-session-id", b"th-1"))), (block("1", note(1)),)))
+    raw_server.reply(f"/thread/{flavour}/resume", Reply(head(200, served), (), hold=True))
+    lib = httpx if flavour == "httpx-sse" else httpx2
+    instrumentor = McpResumptionInstrumentor()
+    instrumentor.instrument(**telemetry.providers(), confirm_timeout=60)
+    outcome: list[str] = []
+    try:
+        consume(flavour, f"{raw_server.url}/thread/{flavour}", headers=[ACCEPT])
+        with lib.Client(trust_env=False) as http:
+            headers = {"accept": "text/event-stream", "mcp-session-id": "th-1",
+                       "last-event-id": "1"}
+            with http.stream("GET", f"{raw_server.url}/thread/{flavour}/resume",
+                             headers=headers) as response:
+                events = (httpx_sse.EventSource(response).iter_sse()
+                          if lib is httpx else iter(httpx2.EventSource(response)))
+
+                def read() -> None:
+                    try:
+                        for _ in events:
+                            pass
+                        outcome.append("ended")
+                    except Exception as error:  # the close cuts the read
+                        outcome.append(type(error).__name__)
+
+                reader = threading.Thread(target=read)
+                reader.start()
+                # Inside the read: the generator runs until the socket answers.
+                deadline = time.monotonic() + 10
+                while not events.gi_running and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                assert events.gi_running
+                response.close()
+                reader.join(10)
+    finally:
+        instrumentor.uninstrument()
+        telemetry.shutdown()
+        raw_server.release()
+    assert outcome and outcome != ["ended"], outcome
     assert telemetry.outcomes() == {"reinitialized": 1}
     assert telemetry.gap_kinds() == {}
 

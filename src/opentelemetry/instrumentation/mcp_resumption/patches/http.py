@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from contextlib import nullcontext
 from functools import partial
+from types import GeneratorType
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
@@ -274,6 +275,13 @@ def _closed(owner: ResumptionMonitor, response: Any, orderly: bool) -> None:
         owner.ended(context, "closed by the application", closed_by_client=True)
 
 
+# How many frames above ``_inside_read`` a reader's frame was found: the
+# clients' own call chains from a read to its close, a few at most.  Looked
+# at first (``sys._getframe(depth)``, one C call), before a walk up the stack.
+_READ_DEPTHS: list[int] = []
+_MAX_READ_DEPTHS = 4
+
+
 def _inside_read(context: StreamContext) -> bool:
     """This close is made from inside a read of the stream's observed SSE
     iterator: its frame is on this thread's stack.  httpx closes a response
@@ -282,14 +290,28 @@ def _inside_read(context: StreamContext) -> bool:
     that end itself.  A close from another task or thread is still the
     application's.  Looked up at the close, so a read costs nothing."""
     reader = context.reader() if context.reader is not None else None
-    frame = getattr(reader, "ag_frame", None) or getattr(reader, "gi_frame", None)
-    if frame is None:
+    if reader is None:
         return False
-    caller = sys._getframe(1)
+    if type(reader) is GeneratorType:
+        running, frame = reader.gi_running, reader.gi_frame
+    else:
+        running = getattr(reader, "ag_running", False)
+        frame = getattr(reader, "ag_frame", None)
+    if not running or frame is None:
+        return False  # not in a read anywhere, so not in this thread's stack
+    for depth in _READ_DEPTHS:
+        try:
+            if sys._getframe(depth) is frame:
+                return True
+        except ValueError:  # this stack is not that deep
+            pass
+    caller, depth = sys._getframe(1), 1
     while caller is not None:
         if caller is frame:
+            if len(_READ_DEPTHS) < _MAX_READ_DEPTHS:
+                _READ_DEPTHS.append(depth)
             return True
-        caller = caller.f_back
+        caller, depth = caller.f_back, depth + 1
     return False
 
 
