@@ -95,8 +95,7 @@ class EventTotals:
         totals, what they count from now on does not."""
         for context in list(self._fed.values()):
             self.add(context.events_key, self.fed_events(context))
-            frozen = context.feed.counted
-            context.feed._count = lambda frozen=frozen: frozen
+            context.feed.freeze()
         self._fed.clear()
 
     def observe(self, options: CallbackOptions) -> list[Observation]:

@@ -17,17 +17,22 @@ its id, or None when it has no ``id:`` line of its own (the parsers carry
 the last id over to such events); its data, ``""`` for a marker; its type;
 its ``retry:``.  Nothing below reinterprets it.
 
-The cost per event is the floor of observing an iterator: a generator
-around the parser's, which appends a reference to each event to a ring of
-the last ``RING`` events and counts it (a ``Feed``).  The tracker reads the
+The cost per event is what observing adds to the parser's own loop: a
+count, and a reference to each event appended to a ring of the last
+``RING`` events (a ``Feed``).  Where the library's iterator is one verified
+in ``own_sse`` (its version, the hash of its source, and at each call that
+wrapt still hands us that very function), the plugin is the iterator: its
+own copy of the library's loop, with the library's own parser, does that
+inline.  Anywhere else, a generator around the library's iterator does the
+same, at the cost of a generator layer per event.  The tracker reads the
 ring when it needs the stream's state (a resume looks up a cursor, the
 stream ends, telemetry is collected): only the last events can matter then,
 the ids the seen window keeps and the last received and consumed ones.
 Events that a rule must see as they come are reported one by one instead:
 a stream's first event (a priming event or a ``retry:``), every event of a
-resumed stream or of the legacy transport, and on a stream that carries
-requests each event that may hold a response (the ledger must know every
-answer).
+resumed stream or of the legacy transport (always through the wrapper),
+and on a stream that carries requests each event that may hold a response
+(the ledger must know every answer).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from ..continuity import ResumptionGapError
 from ..tracker import SEEN_WINDOW, SSE, Event
 from . import Targets, fault, guarded
+from .own_sse import Loop, OwnLoop
 
 if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
     from ..monitor import ResumptionMonitor
@@ -69,14 +75,16 @@ class Feed:
     one.  Read under the tracker's lock, from any thread; the iterator's
     appends are atomic."""
 
-    __slots__ = ("_count", "_reader", "counted", "held", "last_raw_id", "ring")
+    __slots__ = ("_frozen", "_reader", "counted", "held", "last_raw_id", "ring", "seen")
 
-    def __init__(self, ring: deque, count: Callable[[], int]) -> None:
+    def __init__(self, ring: deque) -> None:
         self.ring = ring
-        self._count = count
         self._reader: Callable[[], Any] = lambda: None
+        # Events handed out, counted by the iterator.
+        self.seen = 0
         # Events already added to the event totals.
         self.counted = 0
+        self._frozen: int | None = None
         # Set by the iterator once it knows (it ended, or was cancelled): the
         # application holds the last event (True) or took it (False).
         self.held: bool | None = None
@@ -86,7 +94,12 @@ class Feed:
         self._reader = weakref.ref(iterator)
 
     def count(self) -> int:
-        return self._count()
+        return self.seen if self._frozen is None else self._frozen
+
+    def freeze(self) -> None:
+        """Uninstrumented: the count stays what the totals hold already, as
+        the iterator may go on counting."""
+        self._frozen = self.counted
 
     def holding(self) -> bool:
         """The application was handed the last event and has not asked for
@@ -212,158 +225,123 @@ def _fed(context: Any, processor: Any) -> bool | None:
     return bool(stream.carries)
 
 
+class _Ends:
+    """How a fed stream ends, seen by the ``with`` around its loop (ours or
+    the wrapper's), and its events reported as they come."""
+
+    __slots__ = ("context", "feed", "processor", "response")
+
+    def __init__(self, context: Any, processor: Any, response: Any) -> None:
+        self.context = context
+        self.processor = processor
+        self.response = response
+        self.feed = Feed(deque(maxlen=RING))
+
+    def report(self, sse: Any) -> None:
+        _report(self.processor, self.context, self.feed, sse)
+
+    def started(self, iterator: Any) -> Any:
+        """``iterator``, the one the host reads, registered as the reader."""
+        feed = self.feed
+        feed.read_by(iterator)
+        self.context.reader = feed._reader
+        guarded("observing a stream", self.processor.feed, self.context, feed)
+        return iterator
+
+    def __enter__(self) -> _Ends:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> bool:
+        feed, processor, context, response = self.feed, self.processor, self.context, self.response
+        if kind is None:
+            # The body ended as HTTP ends one: a read error would raise.
+            feed.held = False
+            _ended(processor, context, response, "the stream ended", clean=True)
+        elif issubclass(kind, GeneratorExit):
+            feed.held = True
+            _ended(processor, context, response, "closed by the application", closed_by_client=True)
+        elif issubclass(kind, ResumptionGapError):
+            pass  # enforce mode: the application is told, the close reports the end
+        elif issubclass(kind, Exception):
+            # A read error (the ``yield`` raises nothing but GeneratorExit
+            # from an application that iterates).
+            feed.held = False
+            _ended(processor, context, response, f"a read error ({kind.__name__})")
+        else:  # cancelled while waiting for the next event
+            feed.held = False
+        return False
+
+
+def _chosen(context: Any, processor: Any) -> bool | None:
+    return guarded("choosing how to observe a stream", _fed, context, processor)
+
+
 def _observed(
-    events: Iterator[Any], context: Any, processor: Any, response: Any = None
+    events: Iterator[Any], context: Any, processor: Any, response: Any, scan: bool | None
 ) -> Iterator[Any]:
-    scan = guarded("choosing how to observe a stream", _fed, context, processor)
     if scan is None:
         iterator = _each(events, context, processor, response)
         context.reader = weakref.ref(iterator)
         return iterator
-    return _fed_iterator(events, context, processor, response, scan)
+    ends = _Ends(context, processor, response)
+    return ends.started(_fed_iterator(events, ends, scan))
 
 
 def _aobserved(
-    events: AsyncIterator[Any], context: Any, processor: Any, response: Any = None
+    events: AsyncIterator[Any], context: Any, processor: Any, response: Any, scan: bool | None
 ) -> AsyncIterator[Any]:
-    scan = guarded("choosing how to observe a stream", _fed, context, processor)
     if scan is None:
         iterator = _aeach(events, context, processor, response)
         context.reader = weakref.ref(iterator)
         return iterator
-    return _afed_iterator(events, context, processor, response, scan)
+    ends = _Ends(context, processor, response)
+    return ends.started(_afed_iterator(events, ends, scan))
 
 
-def _fed_iterator(
-    events: Iterator[Any], context: Any, processor: Any, response: Any, scan: bool
-) -> Iterator[Any]:
-    count = 0
-    ring: deque = deque(maxlen=RING)
-    feed = Feed(ring, lambda: count)
-
-    def observed() -> Iterator[Any]:
-        nonlocal count
-        append = ring.append
-        try:
-            try:
-                sse = next(events)
-            except StopIteration:
-                feed.held = False
-                _ended(processor, context, response, "the stream ended", clean=True)
-                return
-            count += 1
-            _report(processor, context, feed, sse)
-            yield sse
-            # The loops below are the whole per-event cost of a fed stream.
-            if scan:
-                for sse in events:
-                    count += 1
-                    data = sse.data
-                    if '"result"' in data or '"error"' in data:
-                        _report(processor, context, feed, sse)
-                    else:
-                        append(sse)
-                    yield sse
-            else:
-                for sse in events:
-                    count += 1
+def _fed_iterator(events: Iterator[Any], ends: _Ends, scan: bool) -> Iterator[Any]:
+    """The wrapper around the library's iterator, where our own loop is not
+    safe; its per-event lines are those of the loops in ``own_sse``."""
+    feed = ends.feed
+    append = feed.ring.append
+    report = ends.report
+    first = True
+    try:
+        with ends:
+            for sse in events:
+                feed.seen += 1
+                if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
+                    first = False
+                    report(sse)
+                else:
                     append(sse)
-                    yield sse
-        except GeneratorExit:
-            feed.held = True
-            _ended(processor, context, response, "closed by the application", closed_by_client=True)
-            raise
-        except ResumptionGapError:
-            raise  # enforce mode: the application is told, the close reports the end
-        except Exception as error:
-            # A read error (the ``yield`` raises nothing but GeneratorExit
-            # from an application that iterates).
-            feed.held = False
-            _ended(processor, context, response, f"a read error ({type(error).__name__})")
-            raise
-        except BaseException:  # cancelled while waiting for the next event
-            feed.held = False
-            raise
-        else:
-            # The body ended as HTTP ends one: a read error would raise.
-            feed.held = False
-            _ended(processor, context, response, "the stream ended", clean=True)
-        finally:
-            close = getattr(events, "close", None)
-            if close is not None:
-                close()
-
-    iterator = observed()
-    feed.read_by(iterator)
-    context.reader = feed._reader
-    guarded("observing a stream", processor.feed, context, feed)
-    return iterator
+                yield sse
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()
 
 
-def _afed_iterator(
-    events: AsyncIterator[Any], context: Any, processor: Any, response: Any, scan: bool
+async def _afed_iterator(
+    events: AsyncIterator[Any], ends: _Ends, scan: bool
 ) -> AsyncIterator[Any]:
-    count = 0
-    ring: deque = deque(maxlen=RING)
-    feed = Feed(ring, lambda: count)
-
-    async def observed() -> AsyncIterator[Any]:
-        nonlocal count
-        append = ring.append
-        try:
-            try:
-                sse = await events.__anext__()
-            except StopAsyncIteration:
-                feed.held = False
-                _ended(processor, context, response, "the stream ended", clean=True)
-                return
-            count += 1
-            _report(processor, context, feed, sse)
-            yield sse
-            # The loops below are the whole per-event cost of a fed stream.
-            if scan:
-                async for sse in events:
-                    count += 1
-                    data = sse.data
-                    if '"result"' in data or '"error"' in data:
-                        _report(processor, context, feed, sse)
-                    else:
-                        append(sse)
-                    yield sse
-            else:
-                async for sse in events:
-                    count += 1
+    feed = ends.feed
+    append = feed.ring.append
+    report = ends.report
+    first = True
+    try:
+        with ends:
+            async for sse in events:
+                feed.seen += 1
+                if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
+                    first = False
+                    report(sse)
+                else:
                     append(sse)
-                    yield sse
-        except GeneratorExit:
-            feed.held = True
-            _ended(processor, context, response, "closed by the application", closed_by_client=True)
-            raise
-        except ResumptionGapError:
-            raise  # enforce mode: the application is told, the close reports the end
-        except Exception as error:
-            # A read error (the ``yield`` raises nothing but GeneratorExit
-            # from an application that iterates).
-            feed.held = False
-            _ended(processor, context, response, f"a read error ({type(error).__name__})")
-            raise
-        except BaseException:  # cancelled while waiting for the next event
-            feed.held = False
-            raise
-        else:
-            # The body ended as HTTP ends one: a read error would raise.
-            feed.held = False
-            _ended(processor, context, response, "the stream ended", clean=True)
-        finally:
-            aclose = getattr(events, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-    iterator = observed()
-    feed.read_by(iterator)
-    context.reader = feed._reader
-    guarded("observing a stream", processor.feed, context, feed)
-    return iterator
+                yield sse
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def _each(
@@ -460,7 +438,8 @@ def _candidate(
         yield first
         yield from events
         return
-    yield from _observed(_prepend(first, events), context, processor, response)
+    scan = _chosen(context, processor)
+    yield from _observed(_prepend(first, events), context, processor, response, scan)
 
 
 def _prepend(first: Any, events: Iterator[Any]) -> Iterator[Any]:
@@ -478,7 +457,7 @@ async def _acandidate(
         return
     if _promoted(processor, context, response, first):
         events = _aprepend(first, events)
-        observed = _aobserved(events, context, processor, response)
+        observed = _aobserved(events, context, processor, response, _chosen(context, processor))
         try:
             async for sse in observed:
                 yield sse
@@ -506,24 +485,45 @@ async def _aprepend(first: Any, events: AsyncIterator[Any]) -> AsyncIterator[Any
             await aclose()
 
 
-def _iterate(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
-    events = wrapped(*args, **kwargs)
+def _iterate(owner: ResumptionMonitor, own: OwnLoop, wrapped, instance, args, kwargs):
     context = guarded("finding the stream", _context_for, owner, instance)
     if context is None:
-        return events
+        return wrapped(*args, **kwargs)
+    response = _response_of(instance)
     if context.stream is None:
-        return _candidate(events, context, owner, _response_of(instance))
-    return _observed(events, context, owner, _response_of(instance))
+        return _candidate(wrapped(*args, **kwargs), context, owner, response)
+    scan = _chosen(context, owner)
+    if scan is not None and not args and not kwargs:
+        loop = guarded("choosing our own loop", own.loop_for, wrapped)
+        if loop is not None:
+            return _own_fed(loop, own.names, instance, context, owner, response, scan)
+    return _observed(wrapped(*args, **kwargs), context, owner, response, scan)
 
 
-def _aiterate(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
-    events = wrapped(*args, **kwargs)
+def _aiterate(owner: ResumptionMonitor, own: OwnLoop, wrapped, instance, args, kwargs):
     context = guarded("finding the stream", _context_for, owner, instance)
     if context is None:
-        return events
+        return wrapped(*args, **kwargs)
+    response = _response_of(instance)
     if context.stream is None:
-        return _acandidate(events, context, owner, _response_of(instance))
-    return _aobserved(events, context, owner, _response_of(instance))
+        return _acandidate(wrapped(*args, **kwargs), context, owner, response)
+    scan = _chosen(context, owner)
+    if scan is not None and not args and not kwargs:
+        loop = guarded("choosing our own loop", own.loop_for, wrapped)
+        if loop is not None:
+            return _own_fed(loop, own.names, instance, context, owner, response, scan)
+    return _aobserved(wrapped(*args, **kwargs), context, owner, response, scan)
+
+
+def _own_fed(
+    loop: Loop, names: dict, instance: Any, context: Any, processor: Any, response: Any,
+    scan: bool,
+) -> Any:
+    """Our own loop in place of the library's iterator, fed as
+    ``_fed_iterator`` feeds; ``names``, the library module's globals, lend
+    it the library's parser."""
+    ends = _Ends(context, processor, response)
+    return ends.started(loop(instance, names, ends, scan))
 
 
 # The iterator methods of each library's EventSource: (library, sync, async).
@@ -538,5 +538,8 @@ def targets(owner: ResumptionMonitor, library: str) -> Targets:
     EventSource for ``owner`` (with patches.wrap_targets, as the library is
     imported)."""
     [(sync, asynchronous)] = [methods for name, *methods in _METHODS if name == library]
-    return ((sync, partial(_iterate, owner)), (asynchronous, partial(_aiterate, owner)))
+    return (
+        (sync, partial(_iterate, owner, OwnLoop(library, sync))),
+        (asynchronous, partial(_aiterate, owner, OwnLoop(library, asynchronous))),
+    )
 

@@ -1,0 +1,264 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Our own SSE loop: where a library's event iterator is one we verified,
+the plugin is that iterator instead of a generator around it.
+
+Each loop below does what one verified version of a library's iterator
+does, statement for statement, with the objects of that library's own
+module (its decoder and parser classes, taken from the verified function's
+``__globals__``): the events handed out are the library's own, its
+exceptions are raised at the same moment, closing the loop closes what
+closing the library's iterator would.  What it adds per event is written
+inline (``ends`` is how the fed stream ends, ``patches.sse``): count it,
+then report it (the first, and on a stream that carries requests each one
+that may hold a response) or append it to the ring.
+
+A loop is taken only when, decided once per instrumentation, the installed
+version is one verified here, the source of the library's function hashes to
+the fingerprint recorded for that version, and, at each call, the function
+wrapt hands the patch is the one verified: anything else, another
+instrumentation wrapped in between included, keeps the generator around the
+library's iterator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import inspect
+import textwrap
+import types
+from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
+from typing import Any
+
+from . import fault
+
+# A loop: (the EventSource, the library module's globals, the stream's ends,
+# whether to scan data for a response) -> the iterator the host gets.
+Loop = Callable[[Any, dict, Any, bool], Any]
+
+
+def _httpx_sse_loop(
+    source: Any, names: dict, ends: Any, scan: bool, split: str | None = None
+) -> Iterator[Any]:
+    """httpx-sse ``EventSource.iter_sse``: 0.4.0 reads the body's lines as
+    httpx splits them, 0.4.3 with its own splitter, ``split``."""
+    feed = ends.feed
+    append = feed.ring.append
+    report = ends.report
+    first = True
+    with ends:
+        source._check_content_type()
+        decoder = names["SSEDecoder"]()
+        response = source._response
+        for line in response.iter_lines() if split is None else names[split](response):
+            line = line.rstrip("\n")
+            sse = decoder.decode(line)
+            if sse is not None:
+                feed.seen += 1
+                if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
+                    first = False
+                    report(sse)
+                else:
+                    append(sse)
+                yield sse
+
+
+async def _ahttpx_sse_loop(
+    source: Any, names: dict, ends: Any, scan: bool, split: str | None = None
+) -> AsyncIterator[Any]:
+    """httpx-sse ``EventSource.aiter_sse``, as ``_httpx_sse_loop``; 0.4.3
+    also closes its splitter when it stops (0.4.0 leaves ``aiter_lines`` to
+    the garbage collector, and so does this loop)."""
+    feed = ends.feed
+    append = feed.ring.append
+    report = ends.report
+    first = True
+    with ends:
+        source._check_content_type()
+        decoder = names["SSEDecoder"]()
+        response = source._response
+        lines = response.aiter_lines() if split is None else names[split](response)
+        try:
+            async for line in lines:
+                line = line.rstrip("\n")
+                sse = decoder.decode(line)
+                if sse is not None:
+                    feed.seen += 1
+                    if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
+                        first = False
+                        report(sse)
+                    else:
+                        append(sse)
+                    yield sse
+        finally:
+            if split is not None:
+                await lines.aclose()
+
+
+def _httpx2_loop(source: Any, names: dict, ends: Any, scan: bool) -> Iterator[Any]:
+    """httpx2 2.16 ``EventSource.__iter__``.  The library's loop over the
+    body's text and then its parser's ``flush()`` are one loop here, over
+    each batch of events in turn, so the per-event lines are written once."""
+    feed = ends.feed
+    append = feed.ring.append
+    report = ends.report
+    first = True
+    with ends, names["request_context"](request=source._response.request):
+        source._check_content_type()
+        parser = names["_SSEParser"](source._max_event_size)
+        texts = source._response.iter_text()
+        body_left = True
+        while body_left:
+            try:
+                batch = parser.decode(next(texts))
+            except StopIteration:
+                batch, body_left = parser.flush(), False
+            for sse in batch:
+                feed.seen += 1
+                if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
+                    first = False
+                    report(sse)
+                else:
+                    append(sse)
+                yield sse
+
+
+async def _ahttpx2_loop(source: Any, names: dict, ends: Any, scan: bool) -> AsyncIterator[Any]:
+    """httpx2 2.16 ``EventSource.__aiter__``, as ``_httpx2_loop``."""
+    feed = ends.feed
+    append = feed.ring.append
+    report = ends.report
+    first = True
+    with ends, names["request_context"](request=source._response.request):
+        source._check_content_type()
+        parser = names["_SSEParser"](source._max_event_size)
+        texts = source._response.aiter_text()
+        body_left = True
+        while body_left:
+            try:
+                batch = parser.decode(await texts.__anext__())
+            except StopAsyncIteration:
+                batch, body_left = parser.flush(), False
+            for sse in batch:
+                feed.seen += 1
+                if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
+                    first = False
+                    report(sse)
+                else:
+                    append(sse)
+                yield sse
+
+
+# Verified: (distribution, module, function) -> {version: (fingerprint, loop)}.
+# The fingerprint is _fingerprint() of the function's source in that version.
+VERIFIED: dict[tuple[str, str, str], dict[str, tuple[str, Loop]]] = {
+    ("httpx-sse", "httpx_sse._api", "EventSource.iter_sse"): {
+        "0.4.0": (
+            "0275d6fa4fcb99e58a42bfdfbc0fcba30aa409acfe8f9e664a4d5a2d967fa19c",
+            _httpx_sse_loop,
+        ),
+        "0.4.3": (
+            "e8c9d16e099125765501faa79e086d08d22e21affa2b412a68107f5626436068",
+            partial(_httpx_sse_loop, split="_iter_sse_lines"),
+        ),
+    },
+    ("httpx-sse", "httpx_sse._api", "EventSource.aiter_sse"): {
+        "0.4.0": (
+            "46c2f75d6d28e4cb5a2e4abe244251377da89e761d22b6362158e8cffa5d5329",
+            _ahttpx_sse_loop,
+        ),
+        "0.4.3": (
+            "8e4c53545af01821884d09defca60a0934ad650e68cc6b4b1b887ff7792a4ad9",
+            partial(_ahttpx_sse_loop, split="_aiter_sse_lines"),
+        ),
+    },
+    ("httpx2", "httpx2._sse", "EventSource.__iter__"): {
+        "2.16.2": (
+            "8e860c3f1b37108f78b525bcf758afe406b1aadd0b974c44fd3580b3924d631a",
+            _httpx2_loop,
+        ),
+    },
+    ("httpx2", "httpx2._sse", "EventSource.__aiter__"): {
+        "2.16.2": (
+            "70551955bab33f4f00fb70adf40ec40cb19ffa7603a5428019190a2195520b57",
+            _ahttpx2_loop,
+        ),
+    },
+}
+
+# The distribution each patched library module comes from.
+_DISTRIBUTIONS = {"httpx_sse": "httpx-sse", "httpx2": "httpx2"}
+
+
+def _fingerprint(function: types.FunctionType) -> str:
+    """SHA-256 of the function's source, dedented, trailing blanks and blank
+    lines dropped: what a reformat of the file cannot move."""
+    source = textwrap.dedent(inspect.getsource(function.__code__))
+    lines = [line.rstrip() for line in source.splitlines() if line.strip()]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def installed_version(distribution: str) -> str:
+    return importlib.metadata.version(distribution)
+
+
+def _verified_loop(library: str, method: str, function: Any) -> Loop | None:
+    # Only the library's own plain function: a wrapper (wrapt's, or one made
+    # with functools.wraps) would hash to the source it wraps.
+    if type(function) is not types.FunctionType or hasattr(function, "__wrapped__"):
+        return None
+    distribution = _DISTRIBUTIONS[library]
+    versions = VERIFIED.get((distribution, function.__module__, function.__qualname__))
+    if versions is None or function.__qualname__ != method:
+        return None
+    verified = versions.get(installed_version(distribution))
+    if verified is None:
+        return None
+    fingerprint, loop = verified
+    return loop if _fingerprint(function) == fingerprint else None
+
+
+_UNDECIDED: Any = object()
+
+
+class OwnLoop:
+    """Whether the plugin may be ``library``'s iterator ``method`` itself,
+    decided at the first stream read through it and kept for this
+    instrumentation; then, at each call, whether the function wrapt hands
+    the patch is still the one verified."""
+
+    __slots__ = ("_function", "_library", "_loop", "_method", "names")
+
+    def __init__(self, library: str, method: str) -> None:
+        self._library = library
+        self._method = method
+        self._function: Any = _UNDECIDED
+        self._loop: Loop | None = None
+        # The verified function's module globals: what its loop takes the
+        # library's parser from.
+        self.names: dict = {}
+
+    def loop_for(self, wrapped: Any) -> Loop | None:
+        """The loop to run instead of ``wrapped`` (wrapt hands the patch the
+        library's function bound to the instance), or None for the fallback."""
+        function = getattr(wrapped, "__func__", None)
+        if self._function is _UNDECIDED:
+            self._decide(function)
+        return self._loop if function is self._function else None
+
+    def _decide(self, function: Any) -> None:
+        try:
+            loop = _verified_loop(self._library, self._method, function)
+        except Exception:  # source unreadable, metadata missing: the wrapper it is
+            fault(f"verifying {self._library} {self._method}")
+            loop = None
+        if loop is not None:
+            self.names = function.__globals__
+            self._loop = loop
+        # Decided, either way: None is never the function wrapt hands over.
+        self._function = function if loop is not None else _REFUSED
+
+
+_REFUSED: Any = object()
