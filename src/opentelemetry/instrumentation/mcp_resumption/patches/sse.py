@@ -20,7 +20,7 @@ its ``retry:``.  Nothing below reinterprets it.
 The cost per event is what observing adds to the parser's own loop: a
 count, and a reference to each event appended to a ring of the last
 ``RING`` events (a ``Feed``).  Where the library's iterator is one verified
-in ``own_sse`` (its version, the hash of its source, and at each call that
+in ``own_sse`` (its version, the hash of its module, and at each call that
 wrapt still hands us that very function), the plugin is the iterator: its
 own copy of the library's loop, with the library's own parser, does that
 inline.  Anywhere else, a generator around the library's iterator does the
