@@ -37,116 +37,159 @@ from . import fault
 Loop = Callable[[Any, dict, Any, bool], Any]
 
 
+# Per event, each loop below adds what ``patches.sse`` describes and no
+# more: a count in a cell of its own closure (``Feed.count_by``: an attribute
+# of the feed would cost a load and a store more), one flag, and the ring's
+# append; the flag is up for the first event and, on a stream that carries
+# requests, stays up so that each event is looked at for a response.
+
+
 def _httpx_sse_loop(
     source: Any, names: dict, ends: Any, scan: bool, split: str | None = None
 ) -> Iterator[Any]:
     """httpx-sse ``EventSource.iter_sse``: 0.4.0 reads the body's lines as
     httpx splits them, 0.4.3 with its own splitter, ``split``."""
-    feed = ends.feed
-    append = feed.ring.append
-    report = ends.report
-    first = True
-    with ends:
-        source._check_content_type()
-        decoder = names["SSEDecoder"]()
-        response = source._response
-        for line in response.iter_lines() if split is None else names[split](response):
-            line = line.rstrip("\n")
-            sse = decoder.decode(line)
-            if sse is not None:
-                feed.seen += 1
-                if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
-                    first = False
-                    report(sse)
-                else:
-                    append(sse)
-                yield sse
+    count = 0
+
+    def loop() -> Iterator[Any]:
+        nonlocal count
+        append = ends.feed.ring.append
+        report = ends.report
+        looking = first = True
+        with ends:
+            source._check_content_type()
+            decoder = names["SSEDecoder"]()
+            response = source._response
+            for line in response.iter_lines() if split is None else names[split](response):
+                line = line.rstrip("\n")
+                sse = decoder.decode(line)
+                if sse is not None:
+                    count += 1
+                    if looking:
+                        if first or '"result"' in sse.data or '"error"' in sse.data:
+                            report(sse)
+                        else:
+                            append(sse)
+                        first, looking = False, scan
+                    else:
+                        append(sse)
+                    yield sse
+
+    ends.feed.count_by(lambda: count)
+    return loop()
 
 
-async def _ahttpx_sse_loop(
+def _ahttpx_sse_loop(
     source: Any, names: dict, ends: Any, scan: bool, split: str | None = None
 ) -> AsyncIterator[Any]:
     """httpx-sse ``EventSource.aiter_sse``, as ``_httpx_sse_loop``; 0.4.3
     also closes its splitter when it stops (0.4.0 leaves ``aiter_lines`` to
     the garbage collector, and so does this loop)."""
-    feed = ends.feed
-    append = feed.ring.append
-    report = ends.report
-    first = True
-    with ends:
-        source._check_content_type()
-        decoder = names["SSEDecoder"]()
-        response = source._response
-        lines = response.aiter_lines() if split is None else names[split](response)
-        try:
-            async for line in lines:
-                line = line.rstrip("\n")
-                sse = decoder.decode(line)
-                if sse is not None:
-                    feed.seen += 1
-                    if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
-                        first = False
-                        report(sse)
-                    else:
-                        append(sse)
-                    yield sse
-        finally:
-            if split is not None:
-                await lines.aclose()
+    count = 0
+
+    async def loop() -> AsyncIterator[Any]:
+        nonlocal count
+        append = ends.feed.ring.append
+        report = ends.report
+        looking = first = True
+        with ends:
+            source._check_content_type()
+            decoder = names["SSEDecoder"]()
+            response = source._response
+            lines = response.aiter_lines() if split is None else names[split](response)
+            try:
+                async for line in lines:
+                    line = line.rstrip("\n")
+                    sse = decoder.decode(line)
+                    if sse is not None:
+                        count += 1
+                        if looking:
+                            if first or '"result"' in sse.data or '"error"' in sse.data:
+                                report(sse)
+                            else:
+                                append(sse)
+                            first, looking = False, scan
+                        else:
+                            append(sse)
+                        yield sse
+            finally:
+                if split is not None:
+                    await lines.aclose()
+
+    ends.feed.count_by(lambda: count)
+    return loop()
 
 
 def _httpx2_loop(source: Any, names: dict, ends: Any, scan: bool) -> Iterator[Any]:
     """httpx2 2.16 ``EventSource.__iter__``.  The library's loop over the
     body's text and then its parser's ``flush()`` are one loop here, over
     each batch of events in turn, so the per-event lines are written once."""
-    feed = ends.feed
-    append = feed.ring.append
-    report = ends.report
-    first = True
-    with ends, names["request_context"](request=source._response.request):
-        source._check_content_type()
-        parser = names["_SSEParser"](source._max_event_size)
-        texts = source._response.iter_text()
-        body_left = True
-        while body_left:
-            try:
-                batch = parser.decode(next(texts))
-            except StopIteration:
-                batch, body_left = parser.flush(), False
-            for sse in batch:
-                feed.seen += 1
-                if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
-                    first = False
-                    report(sse)
-                else:
-                    append(sse)
-                yield sse
+    count = 0
+
+    def loop() -> Iterator[Any]:
+        nonlocal count
+        append = ends.feed.ring.append
+        report = ends.report
+        looking = first = True
+        with ends, names["request_context"](request=source._response.request):
+            source._check_content_type()
+            parser = names["_SSEParser"](source._max_event_size)
+            texts = source._response.iter_text()
+            body_left = True
+            while body_left:
+                try:
+                    batch = parser.decode(next(texts))
+                except StopIteration:
+                    batch, body_left = parser.flush(), False
+                for sse in batch:
+                    count += 1
+                    if looking:
+                        if first or '"result"' in sse.data or '"error"' in sse.data:
+                            report(sse)
+                        else:
+                            append(sse)
+                        first, looking = False, scan
+                    else:
+                        append(sse)
+                    yield sse
+
+    ends.feed.count_by(lambda: count)
+    return loop()
 
 
-async def _ahttpx2_loop(source: Any, names: dict, ends: Any, scan: bool) -> AsyncIterator[Any]:
+def _ahttpx2_loop(source: Any, names: dict, ends: Any, scan: bool) -> AsyncIterator[Any]:
     """httpx2 2.16 ``EventSource.__aiter__``, as ``_httpx2_loop``."""
-    feed = ends.feed
-    append = feed.ring.append
-    report = ends.report
-    first = True
-    with ends, names["request_context"](request=source._response.request):
-        source._check_content_type()
-        parser = names["_SSEParser"](source._max_event_size)
-        texts = source._response.aiter_text()
-        body_left = True
-        while body_left:
-            try:
-                batch = parser.decode(await texts.__anext__())
-            except StopAsyncIteration:
-                batch, body_left = parser.flush(), False
-            for sse in batch:
-                feed.seen += 1
-                if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
-                    first = False
-                    report(sse)
-                else:
-                    append(sse)
-                yield sse
+    count = 0
+
+    async def loop() -> AsyncIterator[Any]:
+        nonlocal count
+        append = ends.feed.ring.append
+        report = ends.report
+        looking = first = True
+        with ends, names["request_context"](request=source._response.request):
+            source._check_content_type()
+            parser = names["_SSEParser"](source._max_event_size)
+            texts = source._response.aiter_text()
+            body_left = True
+            while body_left:
+                try:
+                    batch = parser.decode(await texts.__anext__())
+                except StopAsyncIteration:
+                    batch, body_left = parser.flush(), False
+                for sse in batch:
+                    count += 1
+                    if looking:
+                        if first or '"result"' in sse.data or '"error"' in sse.data:
+                            report(sse)
+                        else:
+                            append(sse)
+                        first, looking = False, scan
+                    else:
+                        append(sse)
+                    yield sse
+
+    ends.feed.count_by(lambda: count)
+    return loop()
 
 
 # Verified: (distribution, module, function) -> {version: (fingerprint, loop)}.

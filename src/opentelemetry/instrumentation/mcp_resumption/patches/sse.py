@@ -75,16 +75,15 @@ class Feed:
     one.  Read under the tracker's lock, from any thread; the iterator's
     appends are atomic."""
 
-    __slots__ = ("_frozen", "_reader", "counted", "held", "last_raw_id", "ring", "seen")
+    __slots__ = ("_count", "_reader", "counted", "held", "last_raw_id", "ring")
 
     def __init__(self, ring: deque) -> None:
         self.ring = ring
         self._reader: Callable[[], Any] = lambda: None
-        # Events handed out, counted by the iterator.
-        self.seen = 0
+        # Events handed out: read from the iterator's own count (count_by).
+        self._count: Callable[[], int] = lambda: 0
         # Events already added to the event totals.
         self.counted = 0
-        self._frozen: int | None = None
         # Set by the iterator once it knows (it ended, or was cancelled): the
         # application holds the last event (True) or took it (False).
         self.held: bool | None = None
@@ -93,13 +92,19 @@ class Feed:
     def read_by(self, iterator: Any) -> None:
         self._reader = weakref.ref(iterator)
 
+    def count_by(self, count: Callable[[], int]) -> None:
+        """The iterator counts its events where this reads them: a variable
+        of its closure, the cheapest count per event."""
+        self._count = count
+
     def count(self) -> int:
-        return self.seen if self._frozen is None else self._frozen
+        return self._count()
 
     def freeze(self) -> None:
         """Uninstrumented: the count stays what the totals hold already, as
         the iterator may go on counting."""
-        self._frozen = self.counted
+        counted = self.counted
+        self._count = lambda: counted
 
     def holding(self) -> bool:
         """The application was handed the last event and has not asked for
@@ -301,47 +306,63 @@ def _aobserved(
 def _fed_iterator(events: Iterator[Any], ends: _Ends, scan: bool) -> Iterator[Any]:
     """The wrapper around the library's iterator, where our own loop is not
     safe; its per-event lines are those of the loops in ``own_sse``."""
-    feed = ends.feed
-    append = feed.ring.append
-    report = ends.report
-    first = True
-    try:
-        with ends:
-            for sse in events:
-                feed.seen += 1
-                if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
-                    first = False
-                    report(sse)
-                else:
-                    append(sse)
-                yield sse
-    finally:
-        close = getattr(events, "close", None)
-        if close is not None:
-            close()
+    count = 0
+
+    def loop() -> Iterator[Any]:
+        nonlocal count
+        append = ends.feed.ring.append
+        report = ends.report
+        looking = first = True
+        try:
+            with ends:
+                for sse in events:
+                    count += 1
+                    if looking:
+                        if first or '"result"' in sse.data or '"error"' in sse.data:
+                            report(sse)
+                        else:
+                            append(sse)
+                        first, looking = False, scan
+                    else:
+                        append(sse)
+                    yield sse
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+
+    ends.feed.count_by(lambda: count)
+    return loop()
 
 
-async def _afed_iterator(
-    events: AsyncIterator[Any], ends: _Ends, scan: bool
-) -> AsyncIterator[Any]:
-    feed = ends.feed
-    append = feed.ring.append
-    report = ends.report
-    first = True
-    try:
-        with ends:
-            async for sse in events:
-                feed.seen += 1
-                if first or (scan and ('"result"' in sse.data or '"error"' in sse.data)):
-                    first = False
-                    report(sse)
-                else:
-                    append(sse)
-                yield sse
-    finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+def _afed_iterator(events: AsyncIterator[Any], ends: _Ends, scan: bool) -> AsyncIterator[Any]:
+    count = 0
+
+    async def loop() -> AsyncIterator[Any]:
+        nonlocal count
+        append = ends.feed.ring.append
+        report = ends.report
+        looking = first = True
+        try:
+            with ends:
+                async for sse in events:
+                    count += 1
+                    if looking:
+                        if first or '"result"' in sse.data or '"error"' in sse.data:
+                            report(sse)
+                        else:
+                            append(sse)
+                        first, looking = False, scan
+                    else:
+                        append(sse)
+                    yield sse
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    ends.feed.count_by(lambda: count)
+    return loop()
 
 
 def _each(
