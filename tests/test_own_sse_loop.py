@@ -52,8 +52,9 @@ def verified(flavour: str) -> bool:
     distribution, _ = LOOPS[flavour]
     version = importlib.metadata.version(distribution)
     return any(
-        version in versions for (name, *_), versions in own_sse.VERIFIED.items()
-        if name == distribution
+        version in tested
+        for (name, *_), by_file in own_sse.VERIFIED.items() if name == distribution
+        for tested, _ in by_file.values()
     )
 
 

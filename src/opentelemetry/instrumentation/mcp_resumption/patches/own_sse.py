@@ -192,40 +192,34 @@ def _ahttpx2_loop(source: Any, names: dict, ends: Any, scan: bool) -> AsyncItera
     return loop()
 
 
-# Verified: (distribution, module, function) -> {version: (fingerprint, loop)}.
-# The fingerprint is _fingerprint() of the function's module in that version.
-VERIFIED: dict[tuple[str, str, str], dict[str, tuple[str, Loop]]] = {
+# Verified: (distribution, module, function) -> {fingerprint: (versions, loop)}.
+# The fingerprint is _fingerprint() of the function's module file, the same
+# bytes in each of those versions (their wheels compared); the test suite
+# runs the loop on one of them, through the fuzz corpus.
+_HTTPX_SSE_040 = "0d1d496406d8ddfa56a28e2c2d345b9547e8f429c28069da5d83b4fe99e33451"
+_HTTPX_SSE_042 = "0fba5f91a8e6747966b3be4e57c1e974eace12be4d6d64250f031f485709f055"
+_HTTPX2_210 = "219d4b7fa36b82865aec53f9fa7fd584a864d1e1181643d9b4e0bc8392694029"
+_HTTPX2_VERSIONS = tuple(
+    f"2.{minor}" for minor in ("10.0", "11.0", "12.0", "13.0", "13.1", "14.0", "15.0",
+                               "15.1", "16.0", "16.1", "16.2", "17.0")
+)
+VERIFIED: dict[tuple[str, str, str], dict[str, tuple[tuple[str, ...], Loop]]] = {
     ("httpx-sse", "httpx_sse._api", "EventSource.iter_sse"): {
-        "0.4.0": (
-            "0d1d496406d8ddfa56a28e2c2d345b9547e8f429c28069da5d83b4fe99e33451",
-            _httpx_sse_loop,
-        ),
-        "0.4.3": (
-            "0fba5f91a8e6747966b3be4e57c1e974eace12be4d6d64250f031f485709f055",
-            partial(_httpx_sse_loop, split="_iter_sse_lines"),
-        ),
+        _HTTPX_SSE_040: (("0.4.0",), _httpx_sse_loop),
+        _HTTPX_SSE_042: (("0.4.2", "0.4.3"), partial(_httpx_sse_loop, split="_iter_sse_lines")),
     },
     ("httpx-sse", "httpx_sse._api", "EventSource.aiter_sse"): {
-        "0.4.0": (
-            "0d1d496406d8ddfa56a28e2c2d345b9547e8f429c28069da5d83b4fe99e33451",
-            _ahttpx_sse_loop,
-        ),
-        "0.4.3": (
-            "0fba5f91a8e6747966b3be4e57c1e974eace12be4d6d64250f031f485709f055",
+        _HTTPX_SSE_040: (("0.4.0",), _ahttpx_sse_loop),
+        _HTTPX_SSE_042: (
+            ("0.4.2", "0.4.3"),
             partial(_ahttpx_sse_loop, split="_aiter_sse_lines"),
         ),
     },
     ("httpx2", "httpx2._sse", "EventSource.__iter__"): {
-        "2.16.2": (
-            "219d4b7fa36b82865aec53f9fa7fd584a864d1e1181643d9b4e0bc8392694029",
-            _httpx2_loop,
-        ),
+        _HTTPX2_210: (_HTTPX2_VERSIONS, _httpx2_loop),
     },
     ("httpx2", "httpx2._sse", "EventSource.__aiter__"): {
-        "2.16.2": (
-            "219d4b7fa36b82865aec53f9fa7fd584a864d1e1181643d9b4e0bc8392694029",
-            _ahttpx2_loop,
-        ),
+        _HTTPX2_210: (_HTTPX2_VERSIONS, _ahttpx2_loop),
     },
 }
 
@@ -255,11 +249,11 @@ def _verified_loop(library: str, method: str, function: Any) -> Loop | None:
     versions = VERIFIED.get((distribution, function.__module__, function.__qualname__))
     if versions is None or function.__qualname__ != method:
         return None
-    verified = versions.get(installed_version(distribution))
+    verified = versions.get(_fingerprint(function))
     if verified is None:
         return None
-    fingerprint, loop = verified
-    return loop if _fingerprint(function) == fingerprint else None
+    tested, loop = verified
+    return loop if installed_version(distribution) in tested else None
 
 
 _UNDECIDED: Any = object()
