@@ -506,34 +506,30 @@ async def _aprepend(first: Any, events: AsyncIterator[Any]) -> AsyncIterator[Any
             await aclose()
 
 
-def _iterate(owner: ResumptionMonitor, own: OwnLoop, wrapped, instance, args, kwargs):
+def _iterate(
+    owner: ResumptionMonitor,
+    own: OwnLoop,
+    candidate: Callable[..., Any],
+    observed: Callable[..., Any],
+    wrapped,
+    instance,
+    args,
+    kwargs,
+):
+    """The patch of a library's iterator method, sync or async (``candidate``
+    and ``observed``: ``_candidate`` and ``_observed`` or their async twins)."""
     context = guarded("finding the stream", _context_for, owner, instance)
     if context is None:
         return wrapped(*args, **kwargs)
     response = _response_of(instance)
     if context.stream is None:
-        return _candidate(wrapped(*args, **kwargs), context, owner, response)
+        return candidate(wrapped(*args, **kwargs), context, owner, response)
     scan = _chosen(context, owner)
     if scan is not None and not args and not kwargs:
         loop = guarded("choosing our own loop", own.loop_for, wrapped)
         if loop is not None:
             return _own_fed(loop, own.names, instance, context, owner, response, scan)
-    return _observed(wrapped(*args, **kwargs), context, owner, response, scan)
-
-
-def _aiterate(owner: ResumptionMonitor, own: OwnLoop, wrapped, instance, args, kwargs):
-    context = guarded("finding the stream", _context_for, owner, instance)
-    if context is None:
-        return wrapped(*args, **kwargs)
-    response = _response_of(instance)
-    if context.stream is None:
-        return _acandidate(wrapped(*args, **kwargs), context, owner, response)
-    scan = _chosen(context, owner)
-    if scan is not None and not args and not kwargs:
-        loop = guarded("choosing our own loop", own.loop_for, wrapped)
-        if loop is not None:
-            return _own_fed(loop, own.names, instance, context, owner, response, scan)
-    return _aobserved(wrapped(*args, **kwargs), context, owner, response, scan)
+    return observed(wrapped(*args, **kwargs), context, owner, response, scan)
 
 
 def _own_fed(
@@ -560,7 +556,10 @@ def targets(owner: ResumptionMonitor, library: str) -> Targets:
     imported)."""
     [(sync, asynchronous)] = [methods for name, *methods in _METHODS if name == library]
     return (
-        (sync, partial(_iterate, owner, OwnLoop(library, sync))),
-        (asynchronous, partial(_aiterate, owner, OwnLoop(library, asynchronous))),
+        (sync, partial(_iterate, owner, OwnLoop(library, sync), _candidate, _observed)),
+        (
+            asynchronous,
+            partial(_iterate, owner, OwnLoop(library, asynchronous), _acandidate, _aobserved),
+        ),
     )
 
