@@ -278,6 +278,8 @@ def _closed(owner: ResumptionMonitor, response: Any, orderly: bool) -> None:
 # How many frames above ``_inside_read`` a reader's frame was found: the
 # clients' own call chains from a read to its close, a few at most.  Looked
 # at first (``sys._getframe(depth)``, one C call), before a walk up the stack.
+# A fact of the libraries' code for the process, like ``_reported``, not
+# state of an owner: a wrong depth costs a walk, never a wrong answer.
 _READ_DEPTHS: list[int] = []
 _MAX_READ_DEPTHS = 4
 
