@@ -53,7 +53,7 @@ def verified(flavour: str) -> bool:
     version = importlib.metadata.version(distribution)
     return any(
         version in tested
-        for (name, *_), by_file in own_sse.VERIFIED.items() if name == distribution
+        for (name, *_), by_file in own_sse.verified().items() if name == distribution
         for tested, _ in by_file.values()
     )
 
@@ -95,7 +95,7 @@ def paths(monkeypatch):
 @pytest.fixture
 def no_loop_verified(monkeypatch):
     """The guard finds nothing verified: every fed stream takes the wrapper."""
-    monkeypatch.setattr(own_sse, "VERIFIED", {})
+    monkeypatch.setattr(own_sse, "verified", dict)
 
 
 # ------------------------------------------------------- the fuzz corpus
@@ -313,7 +313,7 @@ def test_verdicts_are_the_same_on_both_paths(raw_server, monkeypatch, flavour):
         assert own_paths.loops() == {LOOPS[flavour][1]}
         assert {scan for _, scan in own_paths.own} == {True, False}
     with monkeypatch.context() as forced:
-        forced.setattr(own_sse, "VERIFIED", {})
+        forced.setattr(own_sse, "verified", dict)
         fallback_paths = Paths(forced)
         fallback = _verdicts(raw_server, flavour, f"fallback-{flavour}")
     assert not fallback_paths.own and fallback_paths.wrapped == 2

@@ -151,6 +151,10 @@ class ResumptionMonitor:
         self.redirected: weakref.WeakKeyDictionary[Any, list[tuple[str, str]]] = (
             weakref.WeakKeyDictionary()
         )
+        # How many frames above the close patch's check a reader's frame was
+        # found when a client closed a response inside its read (a few call
+        # chains of the libraries': looked at before a walk up the stack).
+        self.read_depths: list[int] = []
 
         # Per-task channels between the patches, one set per owner (an
         # owner lives for one instrument() cycle, so the few variables a

@@ -275,16 +275,11 @@ def _closed(owner: ResumptionMonitor, response: Any, orderly: bool) -> None:
         owner.ended(context, "closed by the application", closed_by_client=True)
 
 
-# How many frames above ``_inside_read`` a reader's frame was found: the
-# clients' own call chains from a read to its close, a few at most.  Looked
-# at first (``sys._getframe(depth)``, one C call), before a walk up the stack.
-# A fact of the libraries' code for the process, like ``_reported``, not
-# state of an owner: a wrong depth costs a walk, never a wrong answer.
-_READ_DEPTHS: list[int] = []
+# The depths ``_inside_read`` remembers (``ResumptionMonitor.read_depths``).
 _MAX_READ_DEPTHS = 4
 
 
-def _inside_read(context: StreamContext) -> bool:
+def _inside_read(context: StreamContext, depths: list[int]) -> bool:
     """This close is made from inside a read of the stream's observed SSE
     iterator: its frame is on this thread's stack.  httpx closes a response
     itself when its body ends, inside that read, and the events the SSE
@@ -301,7 +296,9 @@ def _inside_read(context: StreamContext) -> bool:
         frame = getattr(reader, "ag_frame", None)
     if not running or frame is None:
         return False  # not in a read anywhere, so not in this thread's stack
-    for depth in _READ_DEPTHS:
+    # Where it was found before first (one C call each, checked by
+    # identity: a wrong depth costs the walk, never a wrong answer).
+    for depth in depths:
         try:
             if sys._getframe(depth) is frame:
                 return True
@@ -310,8 +307,8 @@ def _inside_read(context: StreamContext) -> bool:
     caller, depth = sys._getframe(1), 1
     while caller is not None:
         if caller is frame:
-            if len(_READ_DEPTHS) < _MAX_READ_DEPTHS:
-                _READ_DEPTHS.append(depth)
+            if len(depths) < _MAX_READ_DEPTHS:
+                depths.append(depth)
             return True
         caller, depth = caller.f_back, depth + 1
     return False
@@ -319,7 +316,7 @@ def _inside_read(context: StreamContext) -> bool:
 
 def _close_seen(owner: ResumptionMonitor, instance: Any) -> None:
     context = owner.streams.get(instance)
-    if context is not None and not _inside_read(context):
+    if context is not None and not _inside_read(context, owner.read_depths):
         _closed(owner, instance, sys.exc_info()[1] is None)
 
 

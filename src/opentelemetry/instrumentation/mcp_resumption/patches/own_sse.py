@@ -192,36 +192,46 @@ def _ahttpx2_loop(source: Any, names: dict, ends: Any, scan: bool) -> AsyncItera
     return loop()
 
 
-# Verified: (distribution, module, function) -> {fingerprint: (versions, loop)}.
-# The fingerprint is _fingerprint() of the function's module file, the same
-# bytes in each of those versions (their wheels compared); the test suite
-# runs the loop on one of them, through the fuzz corpus.
+# The fingerprints are _fingerprint() of the function's module file, the
+# same bytes in each version listed with it (their wheels compared); the test
+# suite runs the loop on one of them, through the fuzz corpus.
 _HTTPX_SSE_040 = "0d1d496406d8ddfa56a28e2c2d345b9547e8f429c28069da5d83b4fe99e33451"
 _HTTPX_SSE_042 = "0fba5f91a8e6747966b3be4e57c1e974eace12be4d6d64250f031f485709f055"
 _HTTPX2_210 = "219d4b7fa36b82865aec53f9fa7fd584a864d1e1181643d9b4e0bc8392694029"
-_HTTPX2_VERSIONS = tuple(
-    f"2.{minor}" for minor in ("10.0", "11.0", "12.0", "13.0", "13.1", "14.0", "15.0",
-                               "15.1", "16.0", "16.1", "16.2", "17.0")
+_HTTPX2_VERSIONS = (
+    "2.10.0", "2.11.0", "2.12.0", "2.13.0", "2.13.1", "2.14.0", "2.15.0", "2.15.1",
+    "2.16.0", "2.16.1", "2.16.2", "2.17.0",
 )
-VERIFIED: dict[tuple[str, str, str], dict[str, tuple[tuple[str, ...], Loop]]] = {
-    ("httpx-sse", "httpx_sse._api", "EventSource.iter_sse"): {
-        _HTTPX_SSE_040: (("0.4.0",), _httpx_sse_loop),
-        _HTTPX_SSE_042: (("0.4.2", "0.4.3"), partial(_httpx_sse_loop, split="_iter_sse_lines")),
-    },
-    ("httpx-sse", "httpx_sse._api", "EventSource.aiter_sse"): {
-        _HTTPX_SSE_040: (("0.4.0",), _ahttpx_sse_loop),
-        _HTTPX_SSE_042: (
-            ("0.4.2", "0.4.3"),
-            partial(_ahttpx_sse_loop, split="_aiter_sse_lines"),
-        ),
-    },
-    ("httpx2", "httpx2._sse", "EventSource.__iter__"): {
-        _HTTPX2_210: (_HTTPX2_VERSIONS, _httpx2_loop),
-    },
-    ("httpx2", "httpx2._sse", "EventSource.__aiter__"): {
-        _HTTPX2_210: (_HTTPX2_VERSIONS, _ahttpx2_loop),
-    },
-}
+Verified = dict[tuple[str, str, str], dict[str, tuple[tuple[str, ...], Loop]]]
+
+
+def verified() -> Verified:
+    """(distribution, module, function) -> {fingerprint: (versions, loop)}:
+    each library iterator our loops copy.  Built when a decision asks (a
+    function, so that the patch modules keep no tables of objects)."""
+    return {
+        ("httpx-sse", "httpx_sse._api", "EventSource.iter_sse"): {
+            _HTTPX_SSE_040: (("0.4.0",), _httpx_sse_loop),
+            _HTTPX_SSE_042: (
+                ("0.4.2", "0.4.3"),
+                partial(_httpx_sse_loop, split="_iter_sse_lines"),
+            ),
+        },
+        ("httpx-sse", "httpx_sse._api", "EventSource.aiter_sse"): {
+            _HTTPX_SSE_040: (("0.4.0",), _ahttpx_sse_loop),
+            _HTTPX_SSE_042: (
+                ("0.4.2", "0.4.3"),
+                partial(_ahttpx_sse_loop, split="_aiter_sse_lines"),
+            ),
+        },
+        ("httpx2", "httpx2._sse", "EventSource.__iter__"): {
+            _HTTPX2_210: (_HTTPX2_VERSIONS, _httpx2_loop),
+        },
+        ("httpx2", "httpx2._sse", "EventSource.__aiter__"): {
+            _HTTPX2_210: (_HTTPX2_VERSIONS, _ahttpx2_loop),
+        },
+    }
+
 
 # The distribution each patched library module comes from.
 _DISTRIBUTIONS = {"httpx_sse": "httpx-sse", "httpx2": "httpx2"}
@@ -246,17 +256,14 @@ def _verified_loop(library: str, method: str, function: Any) -> Loop | None:
     if type(function) is not types.FunctionType or hasattr(function, "__wrapped__"):
         return None
     distribution = _DISTRIBUTIONS[library]
-    versions = VERIFIED.get((distribution, function.__module__, function.__qualname__))
+    versions = verified().get((distribution, function.__module__, function.__qualname__))
     if versions is None or function.__qualname__ != method:
         return None
-    verified = versions.get(_fingerprint(function))
-    if verified is None:
+    same_file = versions.get(_fingerprint(function))
+    if same_file is None:
         return None
-    tested, loop = verified
+    tested, loop = same_file
     return loop if installed_version(distribution) in tested else None
-
-
-_UNDECIDED: Any = object()
 
 
 class OwnLoop:
@@ -265,12 +272,14 @@ class OwnLoop:
     instrumentation; then, at each call, whether the function wrapt hands
     the patch is still the one verified."""
 
-    __slots__ = ("_function", "_library", "_loop", "_method", "names")
+    __slots__ = ("_decided", "_function", "_library", "_loop", "_method", "names")
 
     def __init__(self, library: str, method: str) -> None:
         self._library = library
         self._method = method
-        self._function: Any = _UNDECIDED
+        self._decided = False
+        # The function verified, and its loop; None for the fallback.
+        self._function: Any = None
         self._loop: Loop | None = None
         # The verified function's module globals: what its loop takes the
         # library's parser from.
@@ -280,11 +289,13 @@ class OwnLoop:
         """The loop to run instead of ``wrapped`` (wrapt hands the patch the
         library's function bound to the instance), or None for the fallback."""
         function = getattr(wrapped, "__func__", None)
-        if self._function is _UNDECIDED:
+        if not self._decided:
             self._decide(function)
-        return self._loop if function is self._function else None
+        loop = self._loop
+        return loop if loop is not None and function is self._function else None
 
     def _decide(self, function: Any) -> None:
+        self._decided = True
         try:
             loop = _verified_loop(self._library, self._method, function)
         except Exception:  # source unreadable, metadata missing: the wrapper it is
@@ -292,9 +303,4 @@ class OwnLoop:
             loop = None
         if loop is not None:
             self.names = function.__globals__
-            self._loop = loop
-        # Decided, either way: None is never the function wrapt hands over.
-        self._function = function if loop is not None else _REFUSED
-
-
-_REFUSED: Any = object()
+            self._function, self._loop = function, loop
