@@ -13,12 +13,12 @@ inline (``ends`` is how the fed stream ends, ``patches.sse``): count it,
 then report it (the first, and on a stream that carries requests each one
 that may hold a response) or append it to the ring.
 
-A loop is taken only when, decided once per instrumentation, the installed
-version is one verified here, the source file of the library's function
-hashes to the fingerprint recorded for that version, and, at each call, the function
-wrapt hands the patch is the one verified: anything else, another
-instrumentation wrapped in between included, keeps the generator around the
-library's iterator.
+A loop is taken only when, decided once per instrumentation, the source
+file of the library's function hashes to a fingerprint recorded here and the
+installed version is one whose wheel carries that very file, and, at each
+call, the function wrapt hands the patch is the one verified: anything else,
+another instrumentation wrapped in between included, keeps the generator
+around the library's iterator.
 """
 
 from __future__ import annotations
