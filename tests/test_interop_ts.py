@@ -19,6 +19,7 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -320,16 +321,40 @@ def test_store_that_lost_the_cursor(telemetry, ts):
     assert telemetry.outcomes() == {"gap": 1}
 
 
-def test_restarted_server(telemetry, ts):
-    # The client comes back after the retry the server asked for: long enough
-    # for a loaded machine to restart node, so that the resume meets the new
-    # process (a resume that finds nothing listening is another test's case).
-    server = ts(RETRY_MS="4000")
+def _reconnects_after(monkeypatch, event: threading.Event) -> None:
+    """The MCP SDK client's reconnect delay is ``event``: it resumes as soon
+    as what the test prepares (a restarted process) is ready, however long
+    a loaded machine takes to prepare it, and never before."""
+    import mcp.client.streamable_http as transport
+
+    real = transport.anyio
+
+    class Gated:
+        def __getattr__(self, name: str):
+            return getattr(real, name)
+
+        @staticmethod
+        async def sleep(delay: float) -> None:
+            await real.to_thread.run_sync(event.wait, 60)
+
+    monkeypatch.setattr(transport, "anyio", Gated())
+
+
+def test_restarted_server(telemetry, ts, monkeypatch):
+    # The client comes back once node has restarted, so that the resume meets
+    # the new process (a resume that finds nothing listening is another
+    # test's case).  The retry the server asks for is long, so that the
+    # plugin waits for that resume however long the restart takes (the
+    # client's delay is the restart itself).
+    server = ts(RETRY_MS="60000")
+    restarted = threading.Event()
+    _reconnects_after(monkeypatch, restarted)
 
     def restart() -> None:
         server.wait_for(lambda entries: any(e.get("step") == "cut" for e in entries))
         server.stop()
         server.start()
+        restarted.set()
 
     result = call(telemetry, server, "poll", {"cuts": 1, "before_result_ms": 200},
                   timeout=12, during=restart, settle="orphaned_request")
