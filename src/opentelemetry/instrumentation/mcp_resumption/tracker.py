@@ -905,7 +905,7 @@ class Tracker:
         """The client asked the server to end the session (HTTP DELETE):
         its broken requests are lost."""
         with self._lock:
-            session = self._sessions.get((server, session_id, None))
+            session = self._sessions.get(_session_key(server, session_id, None))
             if session is None:
                 return NOTHING
             session.terminated = True
@@ -1360,7 +1360,7 @@ class Tracker:
             # Another session's stream holds an equal id.  That binds the
             # cursor to the other session only if the named one could not
             # have issued it: per-session counters repeat ids across sessions.
-            named = self._sessions.get((server, session_id, None))
+            named = self._sessions.get(_session_key(server, session_id, None))
             if named is None:
                 if self.evicted_sessions:
                     return None  # it may have been dropped with its streams

@@ -156,11 +156,14 @@ def _response_of(event_source: Any) -> Any:
     return getattr(event_source, "response", None) or getattr(event_source, "_response", None)
 
 
-def _context_for(owner: ResumptionMonitor, event_source: Any):
+def _stream_of(owner: ResumptionMonitor, event_source: Any) -> tuple[Any, Any] | None:
+    """(the response ``event_source`` reads, its stream context) where the
+    owner observes that response; None otherwise."""
     if not owner.active:
         return None
     response = _response_of(event_source)
-    return owner.streams.get(response) if response is not None else None
+    context = owner.streams.get(response) if response is not None else None
+    return None if context is None else (response, context)
 
 
 def _asked_next(processor: Any, context: Any, delivered: bool) -> None:
@@ -518,10 +521,10 @@ def _iterate(
 ):
     """The patch of a library's iterator method, sync or async (``candidate``
     and ``observed``: ``_candidate`` and ``_observed`` or their async twins)."""
-    context = guarded("finding the stream", _context_for, owner, instance)
-    if context is None:
+    found = guarded("finding the stream", _stream_of, owner, instance)
+    if found is None:
         return wrapped(*args, **kwargs)
-    response = _response_of(instance)
+    response, context = found
     if context.stream is None:
         return candidate(wrapped(*args, **kwargs), context, owner, response)
     scan = _chosen(context, owner)
