@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import stop_process
 from mcp_resumption_demo.router import Backend
 from wire import (
     BROKEN,
@@ -103,12 +104,7 @@ class Bridge:
                 time.sleep(0.05)
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        stop_process(self.process)
         self.log.close()
 
 

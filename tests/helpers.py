@@ -1,4 +1,4 @@
-"""What several test modules share: in-memory telemetry.
+"""What several test modules share: in-memory telemetry, stopping a child.
 
 Test modules import shared code from here or from the other helper modules
 (``scripted_server``: a real HTTP server and seed 000's scripts for it;
@@ -11,6 +11,7 @@ from another one runs its module code twice, under two names.
 from __future__ import annotations
 
 import contextlib
+import subprocess
 from collections.abc import Iterator
 
 from opentelemetry.sdk._logs import LoggerProvider
@@ -103,3 +104,14 @@ class Telemetry:
         for provider in (self.tracer_provider, self.meter_provider, self.logger_provider):
             provider.shutdown()
 
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    """Terminate a child (a server, a bridge) and reap it; kill it if it
+    does not go within 10 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)

@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from helpers import stop_process
+
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "dashboards" / "prometheus.yml"
 # What every wait allows before it fails the test: a guard, not a schedule.
@@ -35,14 +37,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
 
 
 def _seconds(rfc3339: str) -> float:
@@ -149,7 +143,7 @@ class Prometheus:
         return self.wait(scraped)
 
     def close(self) -> None:
-        _stop(self.process)
+        stop_process(self.process)
 
 
 class ScrapedDemo:
@@ -189,5 +183,5 @@ class ScrapedDemo:
         return sum(sum(row["counted"]["attempts"].values()) for row in self.rows)
 
     def close(self) -> None:
-        _stop(self.process)
+        stop_process(self.process)
         self._stderr.close()

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from helpers import stop_process
+
 from prometheus_stack import Prometheus, ScrapedDemo, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,11 +94,7 @@ class Alertmanager:
         )  # fmt: skip
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process)
 
 
 def wait(condition, what: str, timeout: float = WAIT_S):
