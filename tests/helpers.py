@@ -1,4 +1,5 @@
-"""What several test modules share: in-memory telemetry, stopping a child.
+"""What several test modules share: in-memory telemetry, stopping a child,
+a child's clean environment and the console metric exporter's output read.
 
 Test modules import shared code from here or from the other helper modules
 (``scripted_server``: a real HTTP server and seed 000's scripts for it;
@@ -11,6 +12,8 @@ from another one runs its module code twice, under two names.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import subprocess
 from collections.abc import Iterator
 
@@ -115,3 +118,51 @@ def stop_process(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=10)
+
+
+# ====================================================== child processes
+
+SCOPE = "opentelemetry.instrumentation.mcp_resumption"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The caller's environment without anything that would reach the checkout
+    or configure OpenTelemetry behind the test's back."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("OTEL_", "PYTHONPATH", "VIRTUAL_ENV", "PYTEST_"))
+    }
+    env.update(extra)
+    return env
+
+
+def console_metrics(stdout: str) -> list[dict]:
+    """The console metric exporter's JSON documents, among the program's own lines."""
+    decoder, found, position = json.JSONDecoder(), [], 0
+    while (start := stdout.find("{", position)) != -1:
+        try:
+            document, position = decoder.raw_decode(stdout, start)
+        except json.JSONDecodeError:
+            position = start + 1
+            continue
+        if isinstance(document, dict) and "resource_metrics" in document:
+            found.append(document)
+    return found
+
+
+def scope_counts(export: dict, metric: str, attribute: str) -> dict[str, int]:
+    """The non-zero counts of ``metric`` by ``attribute`` in one export."""
+    counts: dict[str, int] = {}
+    for resource in export["resource_metrics"]:
+        for scope in resource["scope_metrics"]:
+            if scope["scope"]["name"] != SCOPE:
+                continue
+            for item in scope["metrics"]:
+                if item["name"] == metric:
+                    for point in item["data"]["data_points"]:
+                        key = point["attributes"][attribute]
+                        counts[key] = counts.get(key, 0) + int(point["value"])
+    # Every series of a server starts at 0 when it is first seen: what was
+    # counted is what is above it.
+    return {key: value for key, value in counts.items() if value}

@@ -11,7 +11,6 @@ in a fresh copy of the tree in tests/release/test_readme_commands.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -22,6 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from helpers import clean_env, console_metrics, scope_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -55,11 +56,6 @@ def command_for(readme: Path, *needles: str, without: tuple[str, ...] = ()) -> s
 
 def runnable(command: str, port: int | str) -> str:
     return command.replace(".venv/bin/", f"{BIN}/").replace("8000", str(port))
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTHONPATH"))}
-    return {**env, **extra}
 
 
 class Server:
@@ -235,22 +231,7 @@ def test_the_server_half_counts_the_resumes_it_replayed():
 
 def server_requests(stdout: str) -> dict[str, int]:
     """The last console export's non-zero mcp.server.resumption.requests by outcome."""
-    decoder, position, last = json.JSONDecoder(), 0, None
-    while (start := stdout.find("{", position)) != -1:
-        try:
-            document, position = decoder.raw_decode(stdout, start)
-        except json.JSONDecodeError:
-            position = start + 1
-            continue
-        if isinstance(document, dict) and "resource_metrics" in document:
-            last = document
-    counts: dict[str, int] = {}
-    for resource in (last or {}).get("resource_metrics", []):
-        for scope in resource["scope_metrics"]:
-            for metric in scope["metrics"]:
-                if metric["name"] == "mcp.server.resumption.requests":
-                    for point in metric["data"]["data_points"]:
-                        if point["value"]:
-                            outcome = point["attributes"]["mcp.resumption.outcome"]
-                            counts[outcome] = counts.get(outcome, 0) + int(point["value"])
-    return counts
+    exports = console_metrics(stdout)
+    if not exports:
+        return {}
+    return scope_counts(exports[-1], "mcp.server.resumption.requests", "mcp.resumption.outcome")

@@ -4,16 +4,16 @@ Python versions CI tests (the floor of requires-python and the machine's own).""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from helpers import console_metrics, scope_counts
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / ".venv-tools" / "bin"
-SCOPE = "opentelemetry.instrumentation.mcp_resumption"
 
 
 def tool(name: str) -> str:
@@ -68,52 +68,9 @@ def find_python(version: str) -> str:
     ).stdout.strip()
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """The caller's environment without anything that would reach the checkout
-    or configure OpenTelemetry behind the test's back."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("OTEL_", "PYTHONPATH", "VIRTUAL_ENV", "PYTEST_"))
-    }
-    env.update(extra)
-    return env
-
-
-def console_metrics(stdout: str) -> list[dict]:
-    """The console metric exporter's JSON documents, among the program's own lines."""
-    decoder, found, position = json.JSONDecoder(), [], 0
-    while (start := stdout.find("{", position)) != -1:
-        try:
-            document, position = decoder.raw_decode(stdout, start)
-        except json.JSONDecodeError:
-            position = start + 1
-            continue
-        if isinstance(document, dict) and "resource_metrics" in document:
-            found.append(document)
-    return found
-
-
 def totals(stdout: str, metric: str, attribute: str) -> dict[str, int]:
     """Our scope's counts of ``metric`` by ``attribute``, from the last export
     (cumulative, so the last one holds them all)."""
     exports = console_metrics(stdout)
     assert exports, f"no console metric export in:\n{stdout}"
     return scope_counts(exports[-1], metric, attribute)
-
-
-def scope_counts(export: dict, metric: str, attribute: str) -> dict[str, int]:
-    """The non-zero counts of ``metric`` by ``attribute`` in one export."""
-    counts: dict[str, int] = {}
-    for resource in export["resource_metrics"]:
-        for scope in resource["scope_metrics"]:
-            if scope["scope"]["name"] != SCOPE:
-                continue
-            for item in scope["metrics"]:
-                if item["name"] == metric:
-                    for point in item["data"]["data_points"]:
-                        key = point["attributes"][attribute]
-                        counts[key] = counts.get(key, 0) + int(point["value"])
-    # Every series of a server starts at 0 when it is first seen: what was
-    # counted is what is above it.
-    return {key: value for key, value in counts.items() if value}

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers import SCOPE, clean_env, console_metrics
+
 from release_env import (
     ROOT,
-    SCOPE,
     ci_pythons,
     claimed_pythons,
-    clean_env,
-    console_metrics,
     find_python,
     requires_python,
     tool,

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from release_env import ROOT, clean_env, totals
+from helpers import clean_env
+
+from release_env import ROOT, totals
 
 HERE = Path(__file__).parent
 DOCS = [

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from release_env import ROOT, clean_env, tool
+from helpers import clean_env
+
+from release_env import ROOT, tool
 
 
 @pytest.fixture(scope="module")
