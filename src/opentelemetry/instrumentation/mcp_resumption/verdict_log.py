@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .budget import LogBudget
+from .forks import renew_after_fork
 
 LOGGER_NAME = "opentelemetry.instrumentation.mcp_resumption.verdicts"
 SETTING = "OTEL_PYTHON_MCP_RESUMPTION_VERDICT_LOG"
@@ -151,34 +152,38 @@ class VerdictLog:
     def summary_lines(self) -> list[str]:
         """One line per server seen: its resumes by outcome, its gaps by kind
         and its lost calls."""
+        return [line for line, _ in self._summaries()]
+
+    def write_summary(self) -> None:
+        """Log the summary (at exit): WARNING for a server that had a gap, a
+        lost call or a verdict logged as a WARNING, INFO for the others.
+        Never raises."""
+        try:
+            if not self._servers or self.mode() == "off":
+                return
+            for line, bad in self._summaries():
+                _logger.log(logging.WARNING if bad else logging.INFO, "%s", line)
+        except Exception:  # at exit, in the host's process: never a traceback
+            pass
+
+    def _summaries(self) -> list[tuple[str, bool]]:
+        """(the summary line, whether it is bad) of each server, by name."""
         with self._lock:
             servers = {
                 name: (Counter(tally.outcomes), Counter(tally.gaps))
                 for name, tally in self._servers.items()
             }
-        lines = []
+        summaries = []
         for name, (outcomes, gaps) in sorted(servers.items()):
             by_outcome = " ".join(f"{k}={v}" for k, v in sorted(outcomes.items()))
             by_kind = ",".join(f"{k}:{v}" for k, v in sorted(gaps.items())) or "-"
-            lines.append(
+            line = (
                 f"mcp-resumption summary: server={name} attempts={sum(outcomes.values())}"
                 + (f" {by_outcome}" if by_outcome else "")
                 + f" gaps={by_kind} lost_calls={gaps.get(LOST, 0)}"
             )
-        return lines
-
-    def write_summary(self) -> None:
-        """Log the summary (at exit): WARNING for a server that had a gap or
-        a lost call, INFO for the others.  Never raises."""
-        try:
-            if not self._servers or self.mode() == "off":
-                return
-            for line in self.summary_lines():
-                clean = " gaps=- " in line and line.endswith("lost_calls=0")
-                bad = any(f" {o}=" in line for o in WARNING_OUTCOMES)
-                _logger.log(logging.INFO if clean and not bad else logging.WARNING, "%s", line)
-        except Exception:  # at exit, in the host's process: never a traceback
-            pass
+            summaries.append((line, bool(gaps) or not WARNING_OUTCOMES.isdisjoint(outcomes)))
+        return summaries
 
     def _after_fork(self) -> None:
         """A forked child sums up its own resumes, not its parent's."""
@@ -203,8 +208,7 @@ class VerdictLog:
 
 verdicts = VerdictLog()
 atexit.register(verdicts.write_summary)  # see the module's doc for the order
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=verdicts._after_fork)
+renew_after_fork(verdicts)
 
 
 def summary_lines() -> list[str]:
