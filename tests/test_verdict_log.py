@@ -189,3 +189,14 @@ def test_a_break_nothing_resumes_is_a_warning_and_the_exit_summary_counts_its_lo
         rf"gaps={gaps} lost_calls={lost}",
         summary,
     ), summary
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_a_forked_child_sums_up_its_own_verdicts():
+    verdicts.verdict("parent:1", "streamable-http", "resumed")
+    pid = os.fork()
+    if pid == 0:  # the child: its parent's tally is not its own
+        os._exit(0 if verdicts.summary_lines() == [] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(verdicts.summary_lines()) == 1  # the parent's stays
