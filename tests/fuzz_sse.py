@@ -750,12 +750,18 @@ class FaithfulCase:
     def expected_outcome(self) -> str:
         if self.primed:
             return "caught_up"  # a priming event: nothing to replay, said explicitly
-        # Order is proven only by a counter the session saw counting (two ids,
-        # a priming event's included), or by a replay that starts at exactly
-        # the next counter; never by a clock's digits (10 digits from 1e9).
-        counted = len(self.ids_before) >= 2 or self.ids_after[0] == self.ids_before[-1] + 1
-        clock = self.scheme != "padded" and max(self.ids_before[-1], self.ids_after[0]) >= 10**9
-        ordered = self.scheme in ORDERED_SCHEMES and counted and not clock
+        # Order is proven by a counter the session saw counting (two ids, a
+        # priming event's included) against a replayed counter, or by a
+        # replay that starts at exactly the cursor's next counter, even one
+        # with a clock's digits; never by comparing a clock's digits (10
+        # digits from 1e9).
+        def clock(n: int) -> bool:
+            return self.scheme != "padded" and n >= 10**9
+
+        cursor, first = self.ids_before[-1], self.ids_after[0]
+        follows = first == cursor + 1 and not clock(cursor)
+        counted = len(self.ids_before) >= 2 and not clock(cursor) and not clock(first)
+        ordered = self.scheme in ORDERED_SCHEMES and (follows or counted)
         return "resumed" if ordered else "unverifiable"
 
 

@@ -54,7 +54,7 @@ Definitions the rules share (they are the ground truth of the tests):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -157,9 +157,10 @@ class EventId:
     # with other data is a tie, not a reuse.
     clock: bool = False
     declared: bool = False  # parsed by the user's declared pattern
-    # An id whose shape counts but whose session has not shown it counting
-    # yet (:func:`corroborated`): the one id that would follow it, which
-    # proves the order on its own (a random tail is not the next counter).
+    # A cursor whose shape counts (:func:`corroborated`): the one id that
+    # would follow it, which proves the order on its own, before the session
+    # has shown it counting (a random tail is not the next counter) and
+    # where the next counter has a clock's digits.
     successor: str | None = None
 
     @property
@@ -265,8 +266,9 @@ def corroborated(cursor: EventId, history: Iterable[str]) -> EventId:
     one before, and none under that prefix with a tail that is not decimal.
     A random or hex tail is all digits now and then (``s-58302914``); one
     id cannot tell it from a counter, a short history of the stream can.
-    Where the history is only too short, the cursor keeps its
-    ``successor``: a replay that starts exactly there is in order."""
+    Either way a counting cursor carries its ``successor``: a replay that
+    starts exactly there is in order, even where that next counter has the
+    digits of a clock (``999999999``, then ``1000000000``)."""
     if cursor.counter is None or cursor.declared:
         return cursor
     prefix = cursor.prefix or ""
@@ -289,10 +291,11 @@ def corroborated(cursor: EventId, history: Iterable[str]) -> EventId:
             hexlike = len(tail) == len(cursor.raw) and _HEX.issuperset(tail)
         if hexlike:
             return EventId(cursor.raw)
-    if counted >= MIN_COUNTING_IDS:
-        return cursor
     digits = len(cursor.raw) - len(prefix)
-    return EventId(cursor.raw, successor=f"{prefix}{cursor.counter + 1:0{digits}d}")
+    successor = f"{prefix}{cursor.counter + 1:0{digits}d}"
+    if counted >= MIN_COUNTING_IDS:
+        return replace(cursor, successor=successor)
+    return EventId(cursor.raw, successor=successor)
 
 
 
