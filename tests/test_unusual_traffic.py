@@ -455,3 +455,62 @@ def test_the_one_pass_header_reader_gives_what_headers_get_gives(pairs):
             found = _headers(view, names)
             for name in names:
                 assert found.get(name) == headers.get(name.decode()), (library, name)
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@st.composite
+def _json_texts(draw) -> str | bytes:
+    """Bodies as peers send them and as they break: JSON of any shape and
+    spacing, cut short or followed by more, in any of the encodings
+    json.loads detects, or any text at all."""
+    text = draw(st.one_of(
+        st.builds(lambda value, separators: json.dumps(value, separators=separators),
+                  _JSON_VALUES, st.sampled_from([(", ", ": "), (",", ":")])),
+        st.text(max_size=40),
+        st.sampled_from(['{"a": }', '[1, 2', '{"a": 1} {"b": 2}', '{"a": NaN}', '{} ', ' {}',
+                         '\ufeff{}', '{"a": "\\ud800"}', '[' * 3000 + ']' * 3000,
+                         '{"id": 1, "id": 2}']),
+    ))
+    cut = draw(st.sampled_from([None, None, "cut", "more"]))
+    if cut == "cut":
+        text = text[: draw(st.integers(0, len(text)))]
+    elif cut == "more":
+        text += draw(st.sampled_from([" ", "\n", "}", "x", "\x00"]))
+    encoding = draw(st.sampled_from([None, "utf-8", "utf-8", "utf-8-sig", "utf-16-le", "utf-16",
+                                     "utf-32-be", "latin-1"]))
+    if encoding is None:
+        return text
+    try:
+        encoded = text.encode(encoding, "surrogatepass")
+    except UnicodeEncodeError:
+        return text
+    if draw(st.booleans()) and encoded:  # a byte off: invalid UTF-8 now and then
+        index = draw(st.integers(0, len(encoded) - 1))
+        encoded = encoded[:index] + bytes([draw(st.integers(0, 255))]) + encoded[index + 1:]
+    return encoded
+
+
+def _outcome(parse: Callable[[str | bytes], object], text: str | bytes) -> tuple:
+    try:
+        return ("parsed", repr(parse(text)))
+    except Exception as error:  # the same kind and message, or it is not the same parse
+        return ("raised", type(error), str(error))
+
+
+@given(_json_texts())
+@settings(max_examples=1500, deadline=None, derandomize=True)
+def test_the_parse_without_json_loads_wrappers_is_json_loads(text):
+    """The request bodies and event data the plugin parses go to json.loads'
+    own scanner directly where that is all json.loads would do; on every
+    other text, json.loads itself answers: the same value, or the same error."""
+    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import loads
+
+    assert _outcome(loads, text) == _outcome(json.loads, text)

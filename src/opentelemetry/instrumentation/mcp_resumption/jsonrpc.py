@@ -48,12 +48,40 @@ def within_limit(text: str | bytes) -> bool:
     return len(text.encode("utf-8", "surrogatepass")) <= MAX_PARSED_BYTES
 
 
+# The scanner json.loads itself runs (the C one where there is one).
+_scan = json.JSONDecoder().scan_once
+
+
+def loads(text: str | bytes) -> object:
+    """``json.loads(text)``, without its Python wrappers where they do
+    nothing: for a text that starts with ``{`` or ``[`` (UTF-8 for a bytes
+    text whose second byte is not NUL: no BOM, not UTF-16 or -32), json.loads
+    is its scanner at 0, then a check that nothing follows.  Anything else,
+    and any text the scanner refuses or does not consume whole, goes to
+    json.loads itself, which decides (a small body's parse was a third
+    wrappers)."""
+    if type(text) is bytes:
+        if text[:1] not in (b"{", b"[") or text[1:2] == b"\x00":
+            return json.loads(text)
+        try:
+            text = text.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            return json.loads(text)
+    elif type(text) is not str or text[:1] not in ("{", "["):
+        return json.loads(text)
+    try:
+        parsed, end = _scan(text, 0)
+    except (ValueError, StopIteration, RecursionError):
+        return json.loads(text)
+    return parsed if end == len(text) else json.loads(text)
+
+
 def _decoded(text: str | bytes | None) -> object:
     """The parsed JSON, or ``_UNREAD``."""
     if not text or not within_limit(text):
         return _UNREAD
     try:
-        return json.loads(text)
+        return loads(text)
     except (ValueError, TypeError, RecursionError):
         return _UNREAD
 
@@ -65,6 +93,8 @@ def _messages(text: str | bytes | None) -> list[dict] | None:
     decoded = _decoded(text)
     if decoded is _UNREAD:
         return None
+    if type(decoded) is dict:  # one message, not a batch: most bodies
+        return [decoded]
     items = decoded if isinstance(decoded, list) else [decoded]
     return [item for item in items if isinstance(item, dict)]
 
@@ -129,13 +159,13 @@ def responses_in(text: str | None) -> tuple[str, ...] | None:
     messages = _messages(text)
     if messages is None:
         return None
-    return tuple(
-        key
-        for message in messages
-        if "method" not in message and ("result" in message or "error" in message)
-        for key in (request_key(message.get("id")),)
-        if key is not None
-    )
+    found = []
+    for message in messages:
+        if "method" not in message and ("result" in message or "error" in message):
+            key = request_key(message.get("id"))
+            if key is not None:
+                found.append(key)
+    return tuple(found)
 
 
 def is_message(text: str | None) -> bool:
