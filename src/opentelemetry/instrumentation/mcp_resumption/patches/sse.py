@@ -134,12 +134,10 @@ class Feed:
         """The events recorded since the last drain, oldest first, and
         whether the application holds the last one."""
         ring = self.ring
-        raws = []
-        try:
-            while True:
-                raws.append(ring.popleft())  # atomic: appends may go on meanwhile
-        except IndexError:
-            pass
+        # As many as it holds now (appends may go on meanwhile; only the
+        # tracker, under its lock, takes from it): an empty ring, the common
+        # case at a stream's end, raises nothing.
+        raws = [ring.popleft() for _ in range(len(ring))]
         holding = self.holding()
         if len(raws) == RING:
             # Maybe overflowed: the oldest only says what id it carried.
