@@ -61,3 +61,18 @@ def test_instruction_benchmark_counts_and_judges_a_row():
         if line.startswith("| httpx-sse sync (per event) | ours |")
     ]
     assert judged.endswith(("| PASS |", "| MISS |")), judged
+
+
+def test_tracker_instruction_stages_each_run():
+    """Each stage the tracker benchmark counts runs as a worker (natively
+    here: the counting under valgrind is instructions.py's, tested above),
+    so the calls it makes cannot drift from the tracker's API unnoticed."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from tracker_instructions import STAGES
+
+    for stage in STAGES:
+        result = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "tracker_instructions.py"), "--worker", stage, "5"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert result.returncode == 0, (stage, result.stderr[-4000:])

@@ -1,0 +1,119 @@
+"""The tracker's share of a POST answered by SSE, counted in instructions:
+
+    python3 benchmarks/tracker_instructions.py          # ~1 min; valgrind as instructions.py
+    python3 benchmarks/tracker_instructions.py --ns 50 250
+
+What the monitor asks of the ``Tracker`` for one MCP POST whose SSE answer is
+its one event, called directly, without HTTP: the request's parse
+(``requests_in``), ``open_stream``, ``attach_feed`` with the SSE patch's
+``Feed``, the answer reported (``fed_event``, its parse inside), and the
+stream's end (``stream_ended``, closed by the client after the answer, as
+the MCP SDKs close it).  Each stage is run cumulatively in its own process
+under cachegrind, at a small and a large N, as ``instructions.py`` counts;
+a stage's row is what it adds to the one before.  This is the part of the
+plugin's cost per POST that a different record of a finished stream could
+change (``docs/performance-instructions.md``, the per-POST floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+from collections import deque
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+STAGES = ("harness", "request parse", "open_stream", "attach_feed", "answer reported", "end")
+SERVER = "127.0.0.1:8000"
+SESSION = "3f1c2a9e8b7d4c6f9e0a1b2c3d4e5f60"
+
+
+def _body(request_id: int) -> bytes:
+    params = {"name": "search", "arguments": {"query": "quarterly revenue"}}
+    message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+    return json.dumps(message).encode()
+
+
+def _answer(request_id: int) -> str:
+    content = [{"type": "text", "text": "ok"}]
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"content": content}})
+
+
+def worker(stage: str, n: int) -> None:
+    import httpx_sse
+
+    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
+    from opentelemetry.instrumentation.mcp_resumption.patches.sse import RING, Feed
+    from opentelemetry.instrumentation.mcp_resumption.tracker import STREAMABLE_HTTP, Tracker
+
+    last = STAGES.index(stage)
+    tracker = Tracker()
+
+    def post(request_id: int) -> None:
+        body = _body(request_id)
+        sse = httpx_sse.ServerSentEvent(data=_answer(request_id), id=str(request_id))
+        if last < 1:
+            return
+        requests = requests_in(body)
+        if last < 2:
+            return
+        stream = tracker.open_stream(
+            SERVER, STREAMABLE_HTTP, session_id=SESSION, request_session_id=SESSION,
+            carries=[key for key, _ in requests or ()], path="/mcp", body=body, sent=requests,
+        )
+        if last < 3:
+            return
+        feed = Feed(deque(maxlen=RING))
+        tracker.attach_feed(stream, feed)
+        if last < 4:
+            return
+        tracker.fed_event(stream, feed.normalise, sse)
+        if last < 5:
+            return
+        feed.held = False
+        tracker.stream_ended(stream, "closed by the application", closed_by_client=True)
+
+    for request_id in range(1, 21):  # warm-up
+        post(request_id)
+    gc.collect()
+    gc.freeze()
+    for request_id in range(21, 21 + n):
+        post(request_id)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ns", type=int, nargs=2, default=(200, 2200), metavar=("SMALL", "LARGE"))
+    parser.add_argument("--worker", nargs=2, metavar=("STAGE", "N"))
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker[0], int(args.worker[1]))
+        return
+    sys.path.insert(0, str(HERE))
+    from instructions import count_instructions, ensure_valgrind
+
+    valgrind = ensure_valgrind()
+    small, large = args.ns
+    per_post = {}
+    for stage in STAGES:
+        counts = [
+            count_instructions(
+                valgrind, [sys.executable, str(Path(__file__).resolve()), "--worker", stage, str(n)]
+            )
+            for n in (small, large)
+        ]
+        per_post[stage] = (counts[1] - counts[0]) / (large - small)
+    print(f"python {sys.version.split()[0]}, N {small}/{large}\n")
+    print("| stage | instructions per POST, added |")
+    print("|---|---:|")
+    previous = per_post["harness"]
+    for stage in STAGES[1:]:
+        print(f"| {stage} | {per_post[stage] - previous:+,.0f} |")
+        previous = per_post[stage]
+    print(f"| the tracker's share, in all | {per_post['end'] - per_post['harness']:+,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
