@@ -58,8 +58,8 @@ def loads(text: str | bytes) -> object:
     text whose second byte is not NUL: no BOM, not UTF-16 or -32), json.loads
     is its scanner at 0, then a check that nothing follows.  Anything else,
     and any text the scanner refuses or does not consume whole, goes to
-    json.loads itself, which decides (a small body's parse was a third
-    wrappers)."""
+    json.loads itself, which decides.  The wrappers were a third of a small
+    body's parse."""
     if type(text) is bytes:
         if text[:1] not in (b"{", b"[") or text[1:2] == b"\x00":
             return json.loads(text)
