@@ -108,6 +108,8 @@ class Telemetry:
             provider.shutdown()
 
 
+# ====================================================== child processes
+
 
 def stop_process(process: subprocess.Popen) -> None:
     """Terminate a child (a server, a bridge) and reap it; kill it if it
@@ -119,8 +121,6 @@ def stop_process(process: subprocess.Popen) -> None:
         process.kill()
         process.wait(timeout=10)
 
-
-# ====================================================== child processes
 
 SCOPE = "opentelemetry.instrumentation.mcp_resumption"
 
