@@ -93,10 +93,11 @@ def _messages(text: str | bytes | None) -> list[dict] | None:
     decoded = _decoded(text)
     if decoded is _UNREAD:
         return None
-    if type(decoded) is dict:  # one message, not a batch: most bodies
+    if isinstance(decoded, dict):  # one message, not a batch: most bodies
         return [decoded]
-    items = decoded if isinstance(decoded, list) else [decoded]
-    return [item for item in items if isinstance(item, dict)]
+    if isinstance(decoded, list):
+        return [item for item in decoded if isinstance(item, dict)]
+    return []
 
 
 def requests_in(text: str | bytes | None) -> list[tuple[str, str]] | None:

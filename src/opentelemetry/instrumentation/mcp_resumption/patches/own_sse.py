@@ -291,8 +291,8 @@ class OwnLoop:
         function = getattr(wrapped, "__func__", None)
         if not self._decided:
             self._decide(function)
-        loop = self._loop
-        return loop if loop is not None and function is self._function else None
+        # A refused function leaves _loop None: the fallback, whatever is handed.
+        return self._loop if function is self._function else None
 
     def _decide(self, function: Any) -> None:
         self._decided = True
