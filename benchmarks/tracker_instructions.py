@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 from collections import deque
 from pathlib import Path
@@ -27,22 +26,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 STAGES = ("harness", "request parse", "open_stream", "attach_feed", "answer reported", "end")
 SERVER = "127.0.0.1:8000"
-SESSION = "3f1c2a9e8b7d4c6f9e0a1b2c3d4e5f60"
-
-
-def _body(request_id: int) -> bytes:
-    params = {"name": "search", "arguments": {"query": "quarterly revenue"}}
-    message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
-    return json.dumps(message).encode()
-
-
-def _answer(request_id: int) -> str:
-    content = [{"type": "text", "text": "ok"}]
-    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": {"content": content}})
 
 
 def worker(stage: str, n: int) -> None:
     import httpx_sse
+
+    # The POST, its answer and the session of that benchmark.
+    from post_in_process import SESSION, _body, _result
 
     from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
     from opentelemetry.instrumentation.mcp_resumption.patches.sse import RING, Feed
@@ -53,7 +43,7 @@ def worker(stage: str, n: int) -> None:
 
     def post(request_id: int) -> None:
         body = _body(request_id)
-        sse = httpx_sse.ServerSentEvent(data=_answer(request_id), id=str(request_id))
+        sse = httpx_sse.ServerSentEvent(data=_result(request_id), id=str(request_id))
         if last < 1:
             return
         requests = requests_in(body)
