@@ -19,6 +19,7 @@ KIND_OF_RULE = {
     "replay_unconfirmed_rule": "replay_unconfirmed",
     "orphaned_request_rule": "orphaned_request",
     "foreign_replay_rule": "foreign_replay",
+    "subscription_lost_rule": "subscription_lost",
 }
 RULES = list(KIND_OF_RULE)
 

@@ -62,6 +62,8 @@ class Run:
         found = [gap for step in self.steps for gap in step.gaps]
         # A lost request's orphaned_request gap, once its fate is decided.
         found += [d.gap for step in self.steps for d in step.fates if d.gap is not None]
+        # A lost subscription's gap, at its stream's end.
+        found += [gap for step in self.steps for _, gap in step.lost_subscriptions if gap]
         if self.verdict is not None:
             found.extend(g for g in self.verdict.gaps if g not in found)
         return found
@@ -249,6 +251,27 @@ def scenario_inclusive_server_declared_exclusive() -> Run:
     return resume(t, "4821", [("4821", notification(4)), ("4822", notification(5))])
 
 
+def scenario_subscription_dropped() -> Run:
+    """A 2026-07-28 subscription (no session, no event ids) whose stream
+    breaks before the server's result: lost, and no call of it is."""
+    t, run = Tracker(), Run()
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": "listen-1",
+            "method": "subscriptions/listen",
+            "params": {"notifications": {"toolsListChanged": True}},
+        }
+    ).encode()
+    stream = t.open_stream(
+        SERVER, "streamable-http", carries=['"listen-1"'], path="/mcp", body=body,
+        sent=requests_in(body),
+    )
+    t.event_received(stream, None, notification(1, "acknowledged"))
+    run.add(t.stream_ended(stream, "a read error (RemoteProtocolError)"))
+    return run
+
+
 SCENARIOS = {
     "session_reestablished": scenario_session_reestablished,
     "ids_reused": scenario_ids_reused,
@@ -259,4 +282,5 @@ SCENARIOS = {
     "foreign_response": scenario_foreign_response,
     "exclusive_server_declared_inclusive": scenario_exclusive_server_declared_inclusive,
     "inclusive_server_declared_exclusive": scenario_inclusive_server_declared_exclusive,
+    "subscription_dropped": scenario_subscription_dropped,
 }

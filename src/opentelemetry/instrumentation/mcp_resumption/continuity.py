@@ -88,6 +88,7 @@ class GapKind(str, Enum):
     REPLAY_CONTRACT_VIOLATION = "replay_contract_violation"
     ORPHANED_REQUEST = "orphaned_request"
     FOREIGN_REPLAY = "foreign_replay"
+    SUBSCRIPTION_LOST = "subscription_lost"
 
 
 class Outcome(str, Enum):
@@ -511,6 +512,24 @@ def orphaned_request_rule(request_id: str, method: str, why: str) -> Gap:
         ),
         request_id=request_id,
         method=method or None,
+    )
+
+
+def subscription_lost_rule(request_id: str, notifications: str, why: str) -> Gap:
+    """A subscriptions/listen stream ended without the server's result and
+    without the client ending it: the notifications it carried stop, with
+    nothing to say so.  Not a lost call: nothing awaited an answer."""
+    return Gap(
+        GapKind.SUBSCRIPTION_LOST,
+        expected=f"the server's result closing subscription {request_id} ({notifications})",
+        observed=why,
+        message=(
+            f"subscription {request_id} (notifications: {notifications}) ended without the "
+            f"server's graceful close ({why}): change notifications from now on are missed; "
+            "re-listen and refetch what it watched"
+        ),
+        request_id=request_id,
+        method="subscriptions/listen",
     )
 
 

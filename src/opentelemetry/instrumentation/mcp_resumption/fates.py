@@ -33,6 +33,7 @@ from typing import Any
 
 from . import continuity
 from .continuity import Gap
+from .jsonrpc import Call
 
 __all__ = ["Broken", "BrokenLedger", "Decided", "Fate"]
 
@@ -68,6 +69,7 @@ class Broken:
     # False: recorded when a resume could no longer answer it, its stream
     # having ended without a break (a poll): answered, it was never broken.
     broke: bool = True
+    tool: str | None = None  # the tool a tools/call names
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,12 @@ class Decided:
     broken: Broken
     fate: Fate
     gap: Gap | None = None  # the orphaned_request gap of a lost request
+    # Of a re-issue: the key of the request that re-issued it, whether the
+    # server declared the tool safe to run twice ("true", "false",
+    # "unknown"), and whether its first attempt may have run as well.
+    by: str | None = None
+    idempotent: str | None = None
+    may_run_twice: bool = False
 
     @property
     def counted(self) -> bool:
@@ -141,23 +149,21 @@ class BrokenLedger:
                 found.append(self._decide(broken, Fate.ANSWERED))
         return found
 
-    def reissued(
-        self, server: str, session: Any, calls: Iterable[tuple[str, int | None]]
-    ) -> list[Decided]:
-        """``calls``: (request key, call digest) of requests just sent to
-        ``server`` in ``session``.  Each re-issues the oldest broken request
-        of that server with the same call under another id (or session)."""
+    def reissued(self, server: str, session: Any, calls: Iterable[Call]) -> list[Decided]:
+        """``calls``: requests just sent to ``server`` in ``session``.  Each
+        re-issues the oldest broken request of that server with the same
+        call under another id (or session)."""
         found = []
-        for key, call in calls:
-            if call is None:
+        for call in calls:
+            if call.digest is None:
                 continue
             for broken in self._entries.values():
                 if (
                     broken.server == server
-                    and broken.call == call
-                    and (broken.key != key or broken.session is not session)
+                    and broken.call == call.digest
+                    and (broken.key != call.key or broken.session is not session)
                 ):
-                    found.append(self._decide(broken, Fate.REISSUED))
+                    found.append(self._decide(broken, Fate.REISSUED, by=call.key))
                     break
         return found
 
@@ -203,7 +209,9 @@ class BrokenLedger:
         """Whether the attempt ``holder`` still waits for a fate."""
         return any(broken.holder is holder for broken in self._entries.values())
 
-    def _decide(self, broken: Broken, fate: Fate, why: str = "") -> Decided:
+    def _decide(
+        self, broken: Broken, fate: Fate, why: str = "", by: str | None = None
+    ) -> Decided:
         del self._entries[(id(broken.session), broken.key)]
         left = self._by_server[broken.server] - 1
         if left:
@@ -213,4 +221,4 @@ class BrokenLedger:
         # Through the module: the rules can be swapped there (the mutation tests).
         rule = continuity.orphaned_request_rule
         gap = rule(broken.key, broken.method, why) if fate is Fate.LOST else None
-        return Decided(broken, fate, gap)
+        return Decided(broken, fate, gap, by=by)

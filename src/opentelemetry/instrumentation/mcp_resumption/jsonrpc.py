@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import NamedTuple
 
 # JSON-RPC ids are chosen by the peer, the server's at any length: a key over
 # this many UTF-8 bytes is a digest of the id (equal ids keep equal keys).
@@ -20,6 +21,15 @@ MAX_KEY_BYTES = 128
 # Bodies above this many UTF-8 bytes are not parsed: a tool result can be
 # megabytes, and the ids are not worth that much CPU on the host's hot path.
 MAX_PARSED_BYTES = 64 * 1024
+# Tool names kept (a server chooses them) and tools read per tools/list answer.
+MAX_TOOL_NAME = 128
+MAX_TOOLS = 1024
+
+TOOLS_CALL = "tools/call"
+TOOLS_LIST = "tools/list"
+# A subscription (2026-07-28): its stream stays open, and the server's result
+# is its graceful close, not an answer a caller waits for.
+LISTEN = "subscriptions/listen"
 
 
 def request_key(request_id: object) -> str | None:
@@ -115,12 +125,23 @@ def requests_in(text: str | bytes | None) -> list[tuple[str, str]] | None:
     return found
 
 
-def calls_in(text: str | bytes | None) -> list[tuple[str, int | None]]:
-    """(id key, call digest) of every request in a body: the digest of its
-    method and its params by JSON meaning, less ``_meta`` (where the MCP
-    SDKs put the request id, as ``progressToken``), so that a re-issue of a
-    call under a new id has the same digest.  Costs a parse: only for the
-    bodies of requests that broke, or that may re-issue one."""
+class Call(NamedTuple):
+    """One request of a body, as a re-issue is matched against it."""
+
+    key: str
+    digest: int | None  # of its method and params, less _meta; None: unknown
+    tool: str | None = None  # the tool a tools/call names
+    # A subscriptions/listen request: the notifications it asks for, as a
+    # bounded label (see ``listen_filter``); None for any other request.
+    listen: str | None = None
+
+
+def calls_in(text: str | bytes | None) -> list[Call]:
+    """Every request in a body, with the digest of its method and its params
+    by JSON meaning, less ``_meta`` (where the MCP SDKs put the request id,
+    as ``progressToken``), so that a re-issue of a call under a new id has
+    the same digest.  Costs a parse: only for the bodies of requests that
+    broke, or that may re-issue one."""
     messages = _messages(text) or []
     found = []
     for message in messages:
@@ -135,8 +156,60 @@ def calls_in(text: str | bytes | None) -> list[tuple[str, int | None]]:
             call = hash(json.dumps([method, params], sort_keys=True, separators=(",", ":")))
         except (ValueError, TypeError, RecursionError):
             call = None
-        found.append((key, call))
+        tool = listen = None
+        if isinstance(params, dict):
+            if method == TOOLS_CALL and isinstance(params.get("name"), str):
+                tool = params["name"][:MAX_TOOL_NAME]
+            elif method == LISTEN:
+                listen = listen_filter(params.get("notifications"))
+        elif method == LISTEN:
+            listen = listen_filter(None)
+        found.append(Call(key, call, tool, listen))
     return found
+
+
+# The filter of a subscriptions/listen request -> the label it is counted
+# under: a fixed set of values, whatever URIs it names.
+_LISTEN_KINDS = (
+    ("promptsListChanged", "prompts"),
+    ("resourceSubscriptions", "resource_updates"),
+    ("resourcesListChanged", "resources"),
+    ("toolsListChanged", "tools"),
+)
+
+
+def listen_filter(notifications: object) -> str:
+    """The notifications a subscription asks for, as a bounded label: the
+    kinds it names, sorted and joined by ``,`` (``prompts``,
+    ``resource_updates`` for any resource URIs, ``resources``, ``tools``),
+    or ``none``."""
+    if not isinstance(notifications, dict):
+        return "none"
+    kinds = [label for name, label in _LISTEN_KINDS if notifications.get(name)]
+    return ",".join(kinds) or "none"
+
+
+def tool_hints_in(text: str | bytes | None) -> dict[str, bool] | None:
+    """Of a ``tools/list`` result in ``text``: each tool's name -> whether
+    the server declared it safe to run twice (``idempotentHint`` or
+    ``readOnlyHint`` true in its annotations).  None where no such result
+    could be read.  Costs a parse: only for the answers to tools/list."""
+    for message in _messages(text) or ():
+        result = message.get("result")
+        tools = result.get("tools") if isinstance(result, dict) else None
+        if not isinstance(tools, list):
+            continue
+        hints: dict[str, bool] = {}
+        for tool in tools[:MAX_TOOLS]:
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                continue
+            annotations = tool.get("annotations")
+            safe = isinstance(annotations, dict) and (
+                annotations.get("idempotentHint") is True or annotations.get("readOnlyHint") is True
+            )
+            hints[tool["name"][:MAX_TOOL_NAME]] = safe
+        return hints
+    return None
 
 
 def cancelled_in(text: str | bytes | None) -> list[str]:

@@ -151,6 +151,12 @@ class ResumptionMonitor:
         self.redirected: weakref.WeakKeyDictionary[Any, list[tuple[str, str]]] = (
             weakref.WeakKeyDictionary()
         )
+        # POSTs answered with JSON whose answer is read when the client closes
+        # the response (its body read by then): the tools/list answers, and
+        # answers a watched re-issue waits for.
+        self.json_answers: weakref.WeakKeyDictionary[Any, RequestFacts] = (
+            weakref.WeakKeyDictionary()
+        )
         # How many frames above the close patch's check a reader's frame was
         # found when a client closed a response inside its read (a few call
         # chains of the libraries': looked at before a walk up the stack).
@@ -249,7 +255,10 @@ class ResumptionMonitor:
             session_id = facts.session_id or facts.legacy_session_id
             if self.tracker.broken.awaits(facts.server):
                 # Matched as it is sent: its answer may come after the window.
-                self._fated(self.tracker.reissued(facts.server, session_id, facts.path, facts.body))
+                step = self.tracker.reissued(
+                    facts.server, session_id, facts.path, facts.body, facts.protocol_version
+                )
+                self._fated(step)
             if b"notifications/cancelled" in facts.body:
                 self.tracker.cancelling(facts.server, session_id, facts.path, facts.body)
         if facts.last_event_id is None or not facts.mcp:
@@ -304,6 +313,24 @@ class ResumptionMonitor:
             self._park(_Hop(facts, resume, status, response_session_id))
             return None
         return self._open(facts, resume, status, response_session_id, event_stream)
+
+    def reads_answer(self, facts: RequestFacts, status: int) -> bool:
+        """Whether the JSON answer of this POST is worth reading when the
+        client closes it: it lists the tools (their hints), or a re-issue
+        waits for answers.  A substring and a flag: every JSON POST asks."""
+        body = facts.body
+        return (
+            status < 300
+            and body is not None
+            and (b'"tools/list"' in body or self.tracker.watches_reissues)
+        )
+
+    def json_answered(self, facts: RequestFacts, answer: bytes) -> None:
+        """The JSON answer of a POST that ``end_request`` chose to read."""
+        if self.enabled and facts.body is not None:
+            session_id = facts.session_id or facts.legacy_session_id
+            self.tracker.json_answered(facts.server, session_id, facts.path, facts.body, answer)
+            self._report_ran_twice()
 
     def promote(self, context: StreamContext, event_type: str) -> bool:
         """A candidate stream's first event: an ``endpoint`` event makes it a
@@ -483,6 +510,8 @@ class ResumptionMonitor:
             held_open=held_open,
         )
         self._settle_end(context, step)
+        if self.tracker.ran_twice_found:
+            self._report_ran_twice()
 
     def _settle_end(self, context: StreamContext, step: Step) -> None:
         """Apply what a stream's end found.  Requests still pending go on with
@@ -578,6 +607,11 @@ class ResumptionMonitor:
             self._held.setdefault(context.stream.key, context)
         for gap in step.gaps:
             self.telemetry.gap(context, gap)
+        for subscription, gap in step.lost_subscriptions:
+            subscription.tag = context
+            self.telemetry.subscription_lost(context, subscription, gap)
+        if step.lost_subscriptions:
+            self._deadlines.add(self.settings.confirm_timeout, self._subscriptions_due)
         if step.not_resumable:
             self.telemetry.not_resumable(context)
         if step.verdict is not None:
@@ -640,8 +674,39 @@ class ResumptionMonitor:
     def _fates_due(self) -> None:
         self._fated(self.tracker.fates_due(self.settings.confirm_timeout))
 
+    def _subscriptions_due(self) -> None:
+        due = self.tracker.subscriptions_due(self.settings.confirm_timeout)
+        for subscription in (*self.tracker.take_overflow(), *due):
+            self.telemetry.count_lost_subscription(subscription)
+
+    def _report_ran_twice(self) -> None:
+        for broken in self.tracker.take_ran_twice():
+            self.telemetry.ran_twice(broken.tag, broken)
+
     def stop_waiting(self, why: str) -> None:
         """The client stops waiting for every broken request (the process
-        exits, the instrumentation is removed): they are lost, counted
-        before the providers flush."""
-        self._fated(self.tracker.all_lost(why))
+        exits, the instrumentation is removed): they are lost, and the
+        subscriptions still open with them, counted before the providers
+        flush."""
+        step = self.tracker.all_lost(why)
+        for subscription, gap in step.lost_subscriptions:
+            context = self._context_of(subscription)
+            if context is not None:
+                subscription.tag = context
+                self.telemetry.subscription_lost(context, subscription, gap)
+        self._fated(step)
+        self._report_ran_twice()
+        for subscription in (*self.tracker.take_overflow(), *self.tracker.all_subscriptions_due()):
+            self.telemetry.count_lost_subscription(subscription)
+
+    def _context_of(self, subscription: Any) -> StreamContext | None:
+        """The context of the open stream that carries ``subscription``."""
+        for context in list(self.streams.values()):
+            stream = context.stream
+            if (
+                stream is not None
+                and stream.server == subscription.server
+                and subscription.key in stream.carries
+            ):
+                return context
+        return None

@@ -49,15 +49,30 @@ RESUMPTION_OUTCOME = "mcp.resumption.outcome"
 GAP_KIND = "mcp.resumption.gap.kind"
 GAP_EXPECTED = "mcp.resumption.gap.expected"
 GAP_OBSERVED = "mcp.resumption.gap.observed"
+SUBSCRIPTION_NOTIFICATIONS = "mcp.resumption.subscription.notifications"
+SUBSCRIPTION_RELISTENED = "mcp.resumption.subscription.relistened"
+REISSUE_IDEMPOTENT = "mcp.resumption.reissue.idempotent"
+REISSUE_RISK = "mcp.resumption.reissue.risk"
 
 # -- values
 # TRANSPORT_SSE, TRANSPORT_STREAMABLE_HTTP: imported above, the tracker's own.
 NO_PREVIOUS_TRANSPORT = "none"
 REQUEST_FATE = "mcp.resumption.request.fate"
-GAP_KINDS = tuple(kind.value for kind in GapKind)
+# The kinds counted on GAPS; a lost subscription is counted on its own
+# counter (LOST_SUBSCRIPTIONS), never as a gap of a resume.
+GAP_KINDS = tuple(kind.value for kind in GapKind if kind is not GapKind.SUBSCRIPTION_LOST)
 FATES = tuple(fate.value for fate in Fate)
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
 PREVIOUS_TRANSPORTS = (NO_PREVIOUS_TRANSPORT, TRANSPORT_SSE, TRANSPORT_STREAMABLE_HTTP)
+
+# mcp.resumption.reissue.idempotent: what the server's last tools/list said
+IDEMPOTENT_VALUES = ("true", "false", "unknown")
+# mcp.resumption.reissue.risk: whether the first attempt may still have run
+REISSUE_SAFE = "none"  # declared idempotent or read-only, or not a tools/call
+REISSUE_MAY_RUN_TWICE = "may_run_twice"  # not declared so, and the server's
+# protocol (before 2026-07-28) does not take a closed stream for cancellation
+REISSUE_RISKS = (REISSUE_SAFE, REISSUE_MAY_RUN_TWICE)
+BOOLEAN_VALUES = ("true", "false")
 
 # -- spans and events
 RESUME_SPAN_NAME = "mcp.resume"
@@ -102,6 +117,23 @@ BROKEN_REQUESTS = (
     "mcp.client.resumption.broken_requests",
     "{request}",
     "JSON-RPC requests whose stream ended without their answer, by fate",
+)
+LOST_SUBSCRIPTIONS = (
+    "mcp.client.resumption.lost_subscriptions",
+    "{subscription}",
+    "subscriptions/listen streams that ended without the server's graceful close "
+    "or the client's own, by whether the client re-listened",
+)
+REISSUES = (
+    "mcp.client.resumption.reissues",
+    "{request}",
+    "Broken requests the client sent again under a new id, by whether the tool is "
+    "declared idempotent and whether the first attempt may have run too",
+)
+DUPLICATE_RUNS = (
+    "mcp.client.resumption.duplicate_runs",
+    "{call}",
+    "Re-issued calls whose first attempt was answered too: proven to have run twice",
 )
 EVICTED_STREAMS = (
     "mcp.client.resumption.evicted_streams",

@@ -35,9 +35,10 @@ from .facts import (
     exported_request_id,
     server_attributes,
 )
-from .fates import Decided
+from .fates import Broken, Decided
 from .forks import renew_after_fork
 from .redaction import Redaction
+from .subscriptions import LostSubscription
 from .verdict_log import server_name, verdicts
 from .version import __version__
 
@@ -181,6 +182,9 @@ class Instruments:
         )
         self.replayed = meter.create_histogram(*sc.REPLAYED_EVENTS)
         self.broken = meter.create_counter(*sc.BROKEN_REQUESTS)
+        self.lost_subscriptions = meter.create_counter(*sc.LOST_SUBSCRIPTIONS)
+        self.reissues = meter.create_counter(*sc.REISSUES)
+        self.duplicate_runs = meter.create_counter(*sc.DUPLICATE_RUNS)
         self.event_totals = EventTotals()
         name, unit, description = sc.STREAM_EVENTS
         meter.create_observable_counter(
@@ -249,6 +253,9 @@ class TelemetrySink:
         self._duration = instruments.duration
         self._replayed = instruments.replayed
         self._broken = instruments.broken
+        self._lost_subscriptions = instruments.lost_subscriptions
+        self._reissues = instruments.reissues
+        self._duplicate_runs = instruments.duplicate_runs
         self.event_totals = instruments.event_totals
         self.evictions = instruments.evictions
         self._events_logger = get_logger(
@@ -317,6 +324,14 @@ class TelemetrySink:
                 self._gaps.add(0, {sc.GAP_KIND: kind, sc.MCP_TRANSPORT: transport, **server})
             for fate in sc.FATES:
                 self._broken.add(0, {sc.REQUEST_FATE: fate, sc.MCP_TRANSPORT: transport, **server})
+            base = {sc.MCP_TRANSPORT: transport, **server}
+            for relistened in sc.BOOLEAN_VALUES:
+                self._lost_subscriptions.add(0, {sc.SUBSCRIPTION_RELISTENED: relistened, **base})
+            for idempotent in sc.IDEMPOTENT_VALUES:
+                for risk in sc.REISSUE_RISKS:
+                    attributes = {sc.REISSUE_IDEMPOTENT: idempotent, sc.REISSUE_RISK: risk}
+                    self._reissues.add(0, {**attributes, **base})
+            self._duplicate_runs.add(0, base)
             for previous in sc.PREVIOUS_TRANSPORTS:
                 for outcome in sc.OUTCOMES:
                     attributes = {
@@ -337,9 +352,13 @@ class TelemetrySink:
     # ------------------------------------------------------ gaps and outcomes
 
     def gap(self, context: StreamContext, gap: Gap) -> None:
-        scrub = self.redaction.scrub
         self._gaps.add(1, {sc.GAP_KIND: gap.kind.value, **context.attributes})
         verdicts.gap(server_name(context.facts.host, context.facts.port), gap.kind.value)
+        self._gap_event(context, gap)
+
+    def _gap_event(self, context: StreamContext, gap: Gap) -> None:
+        """The ``resumption.gap`` span event and log record of ``gap``."""
+        scrub = self.redaction.scrub
         sessions = known_sessions(context)
         attributes: dict[str, Any] = {
             sc.GAP_KIND: gap.kind.value,
@@ -381,8 +400,81 @@ class TelemetrySink:
             return
         if decided.counted:
             self._broken.add(1, {sc.REQUEST_FATE: decided.fate.value, **context.attributes})
+        if decided.idempotent is not None:
+            self._reissue(context, decided)
         if decided.gap is not None:
             self.gap(attempt or context, decided.gap)
+
+    # ------------------------------------------------------ subscriptions, re-issues
+
+    def subscription_lost(
+        self, context: StreamContext, subscription: LostSubscription, gap: Gap | None
+    ) -> None:
+        """A subscription was lost: its gap event and its line now; its count
+        when its re-listen window closes (``count_lost_subscription``)."""
+        server = server_name(context.facts.host, context.facts.port)
+        if gap is not None:
+            verdicts.gap(server, gap.kind.value)
+            self._gap_event(context, gap)
+        verdicts.finding(
+            server,
+            "",
+            "mcp-resumption subscription lost: server=%s transport=%s notifications=%s "
+            "request=%s: change notifications are missed until it re-listens; re-listen "
+            "and refetch",
+            server,
+            context.transport,
+            subscription.notifications,
+            exported_request_id(subscription.key),
+        )
+
+    def count_lost_subscription(self, subscription: LostSubscription) -> None:
+        context = subscription.tag
+        if context is None:  # recorded by no patch: nothing to name it by
+            return
+        attributes = {
+            sc.SUBSCRIPTION_NOTIFICATIONS: subscription.notifications,
+            sc.SUBSCRIPTION_RELISTENED: "true" if subscription.relistened else "false",
+            **context.attributes,
+        }
+        self._lost_subscriptions.add(1, attributes)
+
+    def _reissue(self, context: StreamContext, decided: Decided) -> None:
+        risk = sc.REISSUE_MAY_RUN_TWICE if decided.may_run_twice else sc.REISSUE_SAFE
+        idempotent = decided.idempotent or "unknown"
+        self._reissues.add(
+            1, {sc.REISSUE_IDEMPOTENT: idempotent, sc.REISSUE_RISK: risk, **context.attributes}
+        )
+        if decided.may_run_twice:
+            server = server_name(context.facts.host, context.facts.port)
+            verdicts.finding(
+                server,
+                sc.REISSUE_MAY_RUN_TWICE,
+                "mcp-resumption re-issue may run twice: server=%s tool=%s idempotent=%s "
+                "request=%s: the call was sent again after its stream broke, and this "
+                "server's protocol does not cancel a call whose stream breaks; make the "
+                "tool safe to run twice and declare it (idempotentHint), or check its effect",
+                server,
+                decided.broken.tool or "-",
+                idempotent,
+                exported_request_id(decided.broken.key),
+            )
+
+    def ran_twice(self, context: StreamContext | None, broken: Broken) -> None:
+        """A re-issued call whose first attempt was answered too."""
+        if context is None:
+            return
+        self._duplicate_runs.add(1, context.attributes)
+        server = server_name(context.facts.host, context.facts.port)
+        verdicts.finding(
+            server,
+            "ran_twice",
+            "mcp-resumption ran twice: server=%s tool=%s request=%s: the first attempt and "
+            "its re-issue were both answered, so the call ran twice",
+            server,
+            broken.tool or broken.method,
+            exported_request_id(broken.key),
+        )
 
     def not_resumable(self, context: StreamContext) -> None:
         """A break with requests in flight that nothing resumed: an attempt

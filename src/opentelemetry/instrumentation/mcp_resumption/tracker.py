@@ -29,9 +29,10 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from . import continuity
 from .continuity import (
     Cursor,
     EventId,
@@ -47,7 +48,18 @@ from .continuity import (
 )
 from .fates import Broken, BrokenLedger, Decided
 from .forks import renew_after_fork
-from .jsonrpc import calls_in, cancelled_in, canonical_digest, is_message, responses_in
+from .jsonrpc import (
+    LISTEN,
+    TOOLS_CALL,
+    TOOLS_LIST,
+    calls_in,
+    cancelled_in,
+    canonical_digest,
+    is_message,
+    responses_in,
+    tool_hints_in,
+)
+from .subscriptions import LostSubscription, SubscriptionLedger
 
 SEEN_WINDOW = 16  # event ids remembered per session, for id_reused
 MAX_REQUESTS = 256  # in-flight JSON-RPC requests remembered per session
@@ -56,6 +68,14 @@ SENT_WINDOW = 512  # request ids remembered per session (at least), for foreign_
 # time: one copy per SENT_TRIM requests, not a copy of the window per request.
 SENT_TRIM = 64
 _SENT_AS_TUPLE = 16
+# Servers whose tools/list hints are kept, and re-issues watched for a second
+# answer of the first attempt (the oldest dropped first).
+MAX_HINTED_SERVERS = 256
+MAX_WATCHED_REISSUES = 1024
+# The first revision whose servers MUST take a closed response stream for
+# cancellation; before it a disconnect SHOULD NOT be (2025-11-25), so the
+# first attempt of a re-issued call may run on.  Dates order as strings.
+CANCELS_ON_DISCONNECT = "2026-07-28"
 
 SSE = "sse"
 STREAMABLE_HTTP = "streamable-http"
@@ -467,6 +487,18 @@ class Stream:
         self.feed: Any = None
 
 
+class _Reissue:
+    """A re-issued call watched for both answers: its first attempt's (which
+    a resumed stream may still bring) and the re-issue's."""
+
+    __slots__ = ("answered", "broken", "indexes")
+
+    def __init__(self, broken: Broken, indexes: tuple[tuple[int, str], tuple[int, str]]) -> None:
+        self.broken = broken
+        self.indexes = indexes  # (first attempt, re-issue) as Tracker._reissues keys them
+        self.answered = [False, False]
+
+
 @dataclass(frozen=True)
 class Step:
     """What one observation produced: gaps newly found, the verdict if this
@@ -489,6 +521,9 @@ class Step:
     not_resumable: bool = False
     # Attempts of other streams that these fates closed: (stream, final).
     closed: tuple[tuple[Stream, Verdict], ...] = ()
+    # Subscriptions the stream's end lost, each with its gap (the caller tags
+    # each with its record of the stream).
+    lost_subscriptions: tuple[tuple[LostSubscription, Gap | None], ...] = ()
 
 
 NOTHING = Step()  # what most observations produce; compared by identity
@@ -530,6 +565,18 @@ class Tracker:
         self._fed: dict[int, Stream] = {}
         # Broken requests awaiting their fate (see ``fates``).
         self.broken = BrokenLedger()
+        # Lost subscriptions awaiting a re-listen (see ``subscriptions``).
+        self.subscriptions = SubscriptionLedger()
+        # server -> tool name -> declared safe to run twice, from the last
+        # tools/list answers read from it.
+        self.tool_hints: dict[str, dict[str, bool]] = {}
+        # (id(session), request key) -> the re-issue it takes part in (the
+        # first attempt's or the re-issue's key): both answered, it ran twice.
+        self._reissues: dict[tuple[int, str], _Reissue] = {}
+        # Re-issued calls proven to have run twice, and lost subscriptions
+        # counted before their window (a full ledger), until the caller takes them.
+        self._ran_twice: list[Broken] = []
+        self._ran_over: list[LostSubscription] = []
         renew_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -561,12 +608,13 @@ class Tracker:
         with self._lock:
             self._sent(self._session(server, session_id, path), requests)
 
-    @staticmethod
-    def _sent(session: Session, requests: Iterable[tuple[str, str]] | None) -> None:
+    def _sent(self, session: Session, requests: Iterable[tuple[str, str]] | None) -> None:
         if requests is None:
             session.ledger_unknown = True
             return
         for key, method in requests:
+            if method == LISTEN and self.subscriptions:
+                self.subscriptions.listened(session.server)
             if session.pending is None:
                 session.pending = {}
             if len(session.pending) < MAX_REQUESTS:
@@ -879,6 +927,15 @@ class Tracker:
                 # _ended); else this would keep the app's data alive.
                 stream.last_data = data
         stream.unconsumed_responses = responses
+        if responses:
+            pending = session.pending
+            if pending:
+                for key in responses:
+                    entry = pending.get(key)
+                    if entry is not None and entry[0] == TOOLS_LIST:
+                        self._remember_hints(stream.server, data)
+            if self._reissues:
+                self._answers_seen(session, responses)
         if self.broken and (responses or unreadable):
             answered = (
                 self.broken.unreadable(session)
@@ -934,13 +991,108 @@ class Tracker:
             if not session.pending:
                 session.pending = None
 
-    def reissued(self, server: str, session_id: str | None, path: str, body: bytes) -> Step:
-        """Requests in ``body`` were sent to ``server``: those that repeat a
-        broken request's call under a new id decide its fate."""
+    def reissued(
+        self,
+        server: str,
+        session_id: str | None,
+        path: str,
+        body: bytes,
+        protocol_version: str | None = None,
+    ) -> Step:
+        """Requests in ``body`` were sent to ``server`` (speaking
+        ``protocol_version``): those that repeat a broken request's call under
+        a new id decide its fate, and say whether that was safe."""
         calls = calls_in(body)
         with self._lock:
             session = self._sessions.get(_session_key(server, session_id, path))
-            return self._fated(self.broken.reissued(server, session, calls))
+            decided = self.broken.reissued(server, session, calls)
+            if not decided:
+                return NOTHING
+            if session is None:  # its answer will be read in this session
+                session = self._session(server, session_id, path)
+            judged = [self._judge_reissue(each, session, protocol_version) for each in decided]
+            return self._fated(judged)
+
+    def _judge_reissue(
+        self, decided: Decided, session: Session, protocol_version: str | None
+    ) -> Decided:
+        """Whether the server declared the re-issued tool safe to run twice,
+        and whether its first attempt may have run anyway; the pair is then
+        watched for both answers."""
+        broken = decided.broken
+        if broken.method != TOOLS_CALL:
+            idempotent = "true"  # every other request of a client only reads or sets
+        else:
+            hints = self.tool_hints.get(broken.server)
+            declared = hints.get(broken.tool) if hints and broken.tool is not None else None
+            idempotent = "unknown" if declared is None else "true" if declared else "false"
+        cancels = protocol_version is not None and protocol_version >= CANCELS_ON_DISCONNECT
+        may_run_twice = idempotent != "true" and not cancels
+        if decided.by is not None:
+            first, again = (id(broken.session), broken.key), (id(session), decided.by)
+            watch = _Reissue(broken, (first, again))
+            self._reissues[first] = self._reissues[again] = watch
+            while len(self._reissues) > 2 * MAX_WATCHED_REISSUES:
+                del self._reissues[next(iter(self._reissues))]
+        return replace(decided, idempotent=idempotent, may_run_twice=may_run_twice)
+
+    def _answers_seen(self, session: Session, keys: Iterable[str]) -> None:
+        """Answers to these requests of ``session`` arrived: a re-issued call
+        whose first attempt and re-issue are both answered ran twice."""
+        for key in keys:
+            watch = self._reissues.get((id(session), key))
+            if watch is None:
+                continue
+            watch.answered[watch.indexes.index((id(session), key))] = True
+            if all(watch.answered):
+                self._ran_twice.append(watch.broken)
+                for index in watch.indexes:
+                    self._reissues.pop(index, None)
+
+    def json_answered(
+        self, server: str, session_id: str | None, path: str, request: bytes, answer: bytes
+    ) -> None:
+        """A POST's JSON answer was read: the tools/list hints it carries, and
+        the answers a watched re-issue waits for."""
+        with self._lock:
+            if b'"tools/list"' in request:
+                self._remember_hints(server, answer)
+            if self._reissues:
+                session = self._sessions.get(_session_key(server, session_id, path))
+                keys = responses_in(answer.decode("utf-8", "replace")) if session else None
+                if keys:
+                    self._answers_seen(session, keys)
+
+    def _remember_hints(self, server: str, answer: str | bytes) -> None:
+        hints = tool_hints_in(answer)
+        if hints is None:
+            return
+        known = self.tool_hints.pop(server, None)  # to the newest end
+        if known is None:
+            known = {}
+            while len(self.tool_hints) >= MAX_HINTED_SERVERS:
+                del self.tool_hints[next(iter(self.tool_hints))]
+        known.update(hints)  # pages of one list add up
+        self.tool_hints[server] = known
+
+    @property
+    def watches_reissues(self) -> bool:
+        return bool(self._reissues)
+
+    @property
+    def ran_twice_found(self) -> bool:
+        return bool(self._ran_twice)
+
+    def take_ran_twice(self) -> list[Broken]:
+        """Re-issued calls proven to have run twice since the last call."""
+        with self._lock:
+            found, self._ran_twice = self._ran_twice, []
+            return found
+
+    def subscriptions_due(self, window: float) -> list[LostSubscription]:
+        """Lost subscriptions whose re-listen window has passed: counted now."""
+        with self._lock:
+            return self.subscriptions.due(time.monotonic(), window)
 
     def fates_due(self, window: float) -> Step:
         """Broken requests whose reissue window has passed are lost."""
@@ -948,9 +1100,53 @@ class Tracker:
             return self._fated(self.broken.due(time.monotonic(), window))
 
     def all_lost(self, why: str) -> Step:
-        """The client stops waiting for everything (the process exits)."""
+        """The client stops waiting for everything (the process exits): its
+        broken requests are lost, and so are the subscriptions still open."""
         with self._lock:
-            return self._fated(self.broken.all_lost(why))
+            lost: list[tuple[LostSubscription, Gap | None]] = []
+            for stream in list(self._streams.values()):
+                pending = stream.session.pending
+                if stream.ended or not pending or not stream.carries:
+                    continue
+                listens = [key for key in stream.carries if pending.get(key, ("",))[0] == LISTEN]
+                if listens:
+                    body, stream.request_body = stream.request_body, None
+                    lost += self._subscriptions_lost(stream, listens, body, why)
+            step = self._fated(self.broken.all_lost(why))
+            if not lost:
+                return step
+            return replace(step, lost_subscriptions=(*step.lost_subscriptions, *lost))
+
+    def all_subscriptions_due(self) -> list[LostSubscription]:
+        """Every lost subscription still waiting: counted now (the exit)."""
+        with self._lock:
+            return self.subscriptions.all_due()
+
+    def _subscriptions_lost(
+        self, stream: Stream, keys: list[str], body: bytes | None, why: str
+    ) -> list[tuple[LostSubscription, Gap | None]]:
+        """The subscriptions ``keys`` of ``stream`` are lost: out of the
+        session's requests, into the ledger that waits for a re-listen."""
+        filters = {call.key: call.listen for call in calls_in(body)} if body else {}
+        stream.session.answered(keys)
+        now = time.monotonic()
+        lost = []
+        for key in keys:
+            notifications = filters.get(key) or "none"
+            subscription = LostSubscription(
+                key, stream.server, stream.transport, notifications, now, why
+            )
+            # Full: the oldest are counted at once, as if their window passed.
+            self._ran_over.extend(self.subscriptions.lost(subscription))
+            # Through the module: the rules can be swapped there (the mutation tests).
+            lost.append((subscription, continuity.subscription_lost_rule(key, notifications, why)))
+        return lost
+
+    def take_overflow(self) -> list[LostSubscription]:
+        """Lost subscriptions counted early, the ledger being full."""
+        with self._lock:
+            found, self._ran_over = self._ran_over, []
+            return found
 
     def retry_seen(self, stream: Stream, retry_ms: int) -> None:
         """The stream carried ``retry:``: the server polls (and how often)."""
@@ -1001,7 +1197,11 @@ class Tracker:
             body, stream.request_body = stream.request_body, None
             if stream.check is None:
                 if broke or stream.server_closed:
-                    return self._broken_stream(stream, body, poll=not broke)
+                    return self._broken_stream(stream, body, reason, poll=not broke)
+                if closed_by_client and stream.carries and stream.session.pending:
+                    # A subscription the client ended (2026-07-28 cancels a
+                    # request by closing its stream): over, not lost.
+                    self._ended_locally(stream)
                 return NOTHING
             check = stream.check
             was_open = not check.closed
@@ -1053,15 +1253,27 @@ class Tracker:
         new: list[Broken],
         fates: list[Decided],
         broke: bool = True,
+        tool: str | None = None,
     ) -> None:
         session = stream.session
         if self.broken.entry(session, key) is not None:
             return  # broken before, on the stream this one resumed
-        broken = Broken(key, method, call, stream.server, session, stream.transport, broke=broke)
+        broken = Broken(
+            key, method, call, stream.server, session, stream.transport, broke=broke, tool=tool
+        )
         fates.extend(self.broken.broke(broken))
         new.append(broken)
 
-    def _broken_stream(self, stream: Stream, body: bytes | None, poll: bool = False) -> Step:
+    @staticmethod
+    def _ended_locally(stream: Stream) -> None:
+        pending = stream.session.pending or {}
+        listens = [key for key in stream.carries if pending.get(key, ("",))[0] == LISTEN]
+        if listens:
+            stream.session.answered(listens)
+
+    def _broken_stream(
+        self, stream: Stream, body: bytes | None, reason: str, poll: bool = False
+    ) -> Step:
         """A stream that no resume checks ended by an error or EOF: the
         requests whose answers it was to carry are broken.  With no event id
         received nothing can resume it (``not_resumable``, and their reissue
@@ -1082,20 +1294,36 @@ class Tracker:
         ]
         if not keys:
             return NOTHING
-        calls = dict(calls_in(body)) if body is not None else {}
+        lost: tuple[tuple[LostSubscription, Gap | None], ...] = ()
+        listens = [key for key in keys if pending[key][0] == LISTEN]
+        if listens and not poll:
+            # Subscriptions, not calls: no fate, and nothing to resume.
+            why = f"the stream ended without the server's result: {reason}"
+            lost = tuple(self._subscriptions_lost(stream, listens, body, why))
+            keys = [key for key in keys if key not in listens]
+            if not keys:
+                return Step(lost_subscriptions=lost)
+        calls = {call.key: call for call in calls_in(body)} if body is not None else {}
         new: list[Broken] = []
         fates: list[Decided] = []
         for key in keys if not poll else ():
-            self._record_break(stream, key, pending[key][0], calls.get(key), new, fates)
+            call = calls.get(key)
+            self._record_break(
+                stream, key, pending[key][0], call.digest if call else None, new, fates,
+                tool=call.tool if call else None,
+            )
         if stream.last_received is None and not poll:
             why = "nothing could resume the stream (it carried no event id)"
             window = self.broken.stop(session, keys, time.monotonic(), why, None)
-            return Step(broke=tuple(new), fates=tuple(fates), window=window, not_resumable=True)
+            return Step(
+                broke=tuple(new), fates=tuple(fates), window=window, not_resumable=True,
+                lost_subscriptions=lost,
+            )
         if session.holders is None:
             session.holders = {}
         for key in keys:
             session.holders[key] = stream.key
-        return Step(broke=tuple(new), fates=tuple(fates), held=True)
+        return Step(broke=tuple(new), fates=tuple(fates), held=True, lost_subscriptions=lost)
 
     def lineage_ended(self, stream: Stream, why: str) -> Step:
         """The client did not resume ``stream`` (a resumed stream that ended
@@ -1259,6 +1487,7 @@ class Tracker:
             window=step.window,
             not_resumable=step.not_resumable,
             closed=(*step.closed, *closed),
+            lost_subscriptions=step.lost_subscriptions,
         )
 
     def _settle(self, stream: Stream) -> None:

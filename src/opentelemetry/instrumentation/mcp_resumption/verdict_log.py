@@ -58,6 +58,8 @@ class _Server:
     outcomes: Counter[str] = field(default_factory=Counter)
     gaps: Counter[str] = field(default_factory=Counter)
     hinted: bool = False
+    # Findings that are not a resume's: "may_run_twice", "ran_twice".
+    findings: Counter[str] = field(default_factory=Counter)
 
 
 class VerdictLog:
@@ -147,6 +149,19 @@ class VerdictLog:
                 server,
             )
 
+    def finding(self, server: str, kind: str, line: str, *args: object) -> None:
+        """A finding that is no resume's verdict (a lost subscription, a
+        re-issue that may run a tool twice, one that did): one WARNING line,
+        tallied under ``kind`` (a gap kind is tallied by ``gap``)."""
+        if self.mode() == "off":
+            return
+        tally = self._tally(server)
+        if tally is not None and kind:
+            with self._lock:
+                tally.findings[kind] += 1
+        if _logger.isEnabledFor(logging.WARNING) and self._budget.take((kind or line, server)):
+            _logger.warning(line, *args)
+
     # -- the summary
 
     def summary_lines(self) -> list[str]:
@@ -170,19 +185,21 @@ class VerdictLog:
         """(the summary line, whether it is bad) of each server, by name."""
         with self._lock:
             servers = {
-                name: (Counter(tally.outcomes), Counter(tally.gaps))
+                name: (Counter(tally.outcomes), Counter(tally.gaps), Counter(tally.findings))
                 for name, tally in self._servers.items()
             }
         summaries = []
-        for name, (outcomes, gaps) in sorted(servers.items()):
+        for name, (outcomes, gaps, findings) in sorted(servers.items()):
             by_outcome = " ".join(f"{k}={v}" for k, v in sorted(outcomes.items()))
             by_kind = ",".join(f"{k}:{v}" for k, v in sorted(gaps.items())) or "-"
             line = (
                 f"mcp-resumption summary: server={name} attempts={sum(outcomes.values())}"
                 + (f" {by_outcome}" if by_outcome else "")
                 + f" gaps={by_kind} lost_calls={gaps.get(LOST, 0)}"
+                + "".join(f" {kind}={n}" for kind, n in sorted(findings.items()))
             )
-            summaries.append((line, bool(gaps) or not WARNING_OUTCOMES.isdisjoint(outcomes)))
+            bad = bool(gaps) or bool(findings) or not WARNING_OUTCOMES.isdisjoint(outcomes)
+            summaries.append((line, bad))
         return summaries
 
     def _after_fork(self) -> None:

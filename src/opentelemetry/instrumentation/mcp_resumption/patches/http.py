@@ -199,6 +199,8 @@ def _observe_response(
     )
     if context is not None:
         owner.streams[response] = context
+    elif facts.body is not None and owner.reads_answer(facts, response.status_code):
+        owner.json_answers[response] = facts
 
 
 def _failed(
@@ -320,17 +322,32 @@ def _close_seen(owner: ResumptionMonitor, instance: Any) -> None:
         _closed(owner, instance, sys.exc_info()[1] is None)
 
 
+def _answer_read(owner: ResumptionMonitor, instance: Any) -> None:
+    # httpx keeps a body it read whole (``_content``), and closes the response
+    # once from inside that read, before it keeps it: the close after it
+    # finds it.  A body the client never read is not ours to read.
+    answer = getattr(instance, "_content", None)
+    if isinstance(answer, bytes):
+        facts = owner.json_answers.pop(instance, None)
+        if facts is not None:
+            owner.json_answered(facts, answer)
+
+
 def _close(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     # A client that reads the headers and walks away never iterates the
     # events: the close is the only sign (the fail-closed re-initialise path).
     if instance in owner.streams:
         guarded("observing a closed response", _close_seen, owner, instance)
+    elif owner.json_answers and instance in owner.json_answers:
+        guarded("reading a JSON answer", _answer_read, owner, instance)
     return wrapped(*args, **kwargs)
 
 
 async def _aclose(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     if instance in owner.streams:
         guarded("observing a closed response", _close_seen, owner, instance)
+    elif owner.json_answers and instance in owner.json_answers:
+        guarded("reading a JSON answer", _answer_read, owner, instance)
     return await wrapped(*args, **kwargs)
 
 
