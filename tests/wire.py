@@ -355,17 +355,24 @@ class IntegerEventStore(EventStore):
 
 
 def sdk_app(store: EventStore | None = None, *, json_response: bool = False,
-            polling: bool = False, retry_ms: int = 200):
+            polling: bool = False, retry_ms: int = 200, idempotent: bool = False):
     """The installed major's streamable-HTTP server with one tool, ``work``: it
     reports progress, then (``polling``) closes its SSE stream on purpose, and
-    answers a moment later (after the cut that follows the progress event)."""
+    answers a moment later (after the cut that follows the progress event).
+    ``idempotent``: ``tools/list`` declares it so (``idempotentHint``)."""
     if MCP_MAJOR == 1:
+        from mcp.types import ToolAnnotations
+
         server = FastMCP("broken-calls", event_store=store, retry_interval=retry_ms,
                          json_response=json_response)
     else:
+        from mcp_types import ToolAnnotations
+
         server = MCPServer("broken-calls")
 
-    @server.tool()
+    annotations = ToolAnnotations(idempotentHint=True) if idempotent else None
+
+    @server.tool(annotations=annotations)
     async def work(text: str, ctx: Context) -> str:
         await ctx.report_progress(1, 2)
         if polling:
