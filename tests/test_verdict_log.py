@@ -6,6 +6,7 @@ in tests/test_examples.py, as a user runs the examples."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 import re
@@ -176,8 +177,17 @@ def test_a_break_nothing_resumes_is_a_warning_and_the_exit_summary_counts_its_lo
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("mcp-resumption ")]
-    assert len(lines) == 2, result.stderr
-    verdict, summary = lines
+    # mcp 1.x speaks 2025-11-25, whose servers do not cancel a call when its
+    # stream breaks: its re-issue may have run the tool twice, and says so.
+    risky = not lost and importlib.metadata.version("mcp").startswith("1.")
+    assert len(lines) == 3 if risky else 2, result.stderr
+    if risky:
+        verdict, warning, summary = lines
+        assert warning.startswith("mcp-resumption re-issue may run twice: "), warning
+        assert summary.endswith(" may_run_twice=1"), summary
+        summary = summary.removesuffix(" may_run_twice=1")
+    else:
+        verdict, summary = lines
     assert re.fullmatch(
         r"mcp-resumption verdict: not_resumable server=127\.0\.0\.1:\d+ "
         r"transport=streamable-http gaps=- lost_calls=0",
