@@ -54,6 +54,7 @@ from .facts import (
     transport_of,
 )
 from .forks import renew_after_fork
+from .jsonrpc import LISTEN, answer_errors
 from .redaction import Redaction
 from .telemetry import EVENTS_BATCH, EVENTS_BATCH_SECONDS, TelemetrySink
 from .tracker import NOTHING, Step, Tracker, bounded_id
@@ -306,7 +307,9 @@ class ResumptionMonitor:
         if not event_stream:
             if facts.legacy_session_id and status < 300 and (requests := facts.ledger()) != []:
                 # Legacy transport: the answer comes on the session's GET stream.
-                self.tracker.request_sent(facts.server, facts.legacy_session_id, requests)
+                self.tracker.request_sent(
+                    facts.server, facts.legacy_session_id, requests, operation=facts
+                )
             if resume is None:
                 return None
         if resume is not None and self._is_hop(facts, status, event_stream):
@@ -314,23 +317,27 @@ class ResumptionMonitor:
             return None
         return self._open(facts, resume, status, response_session_id, event_stream)
 
-    def reads_answer(self, facts: RequestFacts, status: int) -> bool:
-        """Whether the JSON answer of this POST is worth reading when the
-        client closes it: it lists the tools (their hints), or a re-issue
-        waits for answers.  A substring and a flag: every JSON POST asks."""
+    def json_answered(self, facts: RequestFacts, answer: bytes, status: int) -> None:
+        """The JSON answer of an MCP POST, read when the client closed it:
+        the operations it ends, the tools/list hints and the answers a
+        watched re-issue waits for."""
         body = facts.body
-        return (
-            status < 300
-            and body is not None
-            and (b'"tools/list"' in body or self.tracker.watches_reissues)
-        )
-
-    def json_answered(self, facts: RequestFacts, answer: bytes) -> None:
-        """The JSON answer of a POST that ``end_request`` chose to read."""
-        if self.enabled and facts.body is not None:
+        if not self.enabled or body is None:
+            return
+        if b'"tools/list"' in body or self.tracker.watches_reissues:
             session_id = facts.session_id or facts.legacy_session_id
-            self.tracker.json_answered(facts.server, session_id, facts.path, facts.body, answer)
+            self.tracker.json_answered(facts.server, session_id, facts.path, body, answer)
             self._report_ran_twice()
+        failed = answer_errors(answer)
+        rejected = str(status) if status >= 400 else None
+        if facts.mcp_method is not None and b'"id"' in body:
+            # 2026-07-28 names the one request's method in a header: no parse.
+            error = next(iter(failed.values()), rejected)
+            self.telemetry.operation(facts.mcp_method, None, facts, error)
+            return
+        for key, method in facts.ledger() or ():
+            if method != LISTEN:
+                self.telemetry.operation(method, key, facts, failed.get(key, rejected))
 
     def promote(self, context: StreamContext, event_type: str) -> bool:
         """A candidate stream's first event: an ``endpoint`` event makes it a
@@ -366,6 +373,7 @@ class ResumptionMonitor:
             path=facts.path,
             body=body,
             sent=requests if requests != [] and event_stream else (),
+            operation=facts,
         )
         self._deferred.start()  # its iterator may be finalised by the GC
         # This resume took over the requests that earlier attempts handed to
@@ -649,11 +657,13 @@ class ResumptionMonitor:
         self._fated(step, context)
 
     def _fated(self, step: Step, context: StreamContext | None = None) -> None:
-        """Report the fates a step decided, close the attempts that waited
-        for them, and time the reissue windows it started; ``context``: the
-        stream the step was observed on."""
+        """Report the fates a step decided and the operations it ended, close
+        the attempts that waited for them, and time the reissue windows it
+        started; ``context``: the stream the step was observed on."""
         if step is NOTHING:
             return
+        for method, key, facts, error in step.operations:
+            self.telemetry.operation(method, key, facts, error)
         for decided in step.fates:
             # A lost request is a gap of the attempt that waited for it, if any.
             holder = decided.broken.holder

@@ -37,6 +37,7 @@ from .facts import (
 )
 from .fates import Broken, Decided
 from .forks import renew_after_fork
+from .jsonrpc import MAX_TOOL_NAME
 from .redaction import Redaction
 from .subscriptions import LostSubscription
 from .verdict_log import server_name, verdicts
@@ -185,6 +186,9 @@ class Instruments:
         self.lost_subscriptions = meter.create_counter(*sc.LOST_SUBSCRIPTIONS)
         self.reissues = meter.create_counter(*sc.REISSUES)
         self.duplicate_runs = meter.create_counter(*sc.DUPLICATE_RUNS)
+        self.operation_duration = meter.create_histogram(
+            *sc.OPERATION_DURATION, explicit_bucket_boundaries_advisory=sc.OPERATION_BUCKETS
+        )
         self.event_totals = EventTotals()
         name, unit, description = sc.STREAM_EVENTS
         meter.create_observable_counter(
@@ -256,6 +260,7 @@ class TelemetrySink:
         self._lost_subscriptions = instruments.lost_subscriptions
         self._reissues = instruments.reissues
         self._duplicate_runs = instruments.duplicate_runs
+        self._operation_duration = instruments.operation_duration
         self.event_totals = instruments.event_totals
         self.evictions = instruments.evictions
         self._events_logger = get_logger(
@@ -404,6 +409,27 @@ class TelemetrySink:
             self._reissue(context, decided)
         if decided.gap is not None:
             self.gap(attempt or context, decided.gap)
+
+    # ------------------------------------------------------ operations
+
+    def operation(
+        self, method: str, key: str | None, facts: RequestFacts, error: str | None
+    ) -> None:
+        """One request ended, by its answer or its fate: its duration from
+        when it was sent, as the MCP conventions name it."""
+        attributes: dict[str, Any] = {
+            sc.MCP_METHOD_NAME: method if method in sc.CLIENT_METHODS else sc.OTHER,
+            **server_attributes(facts),
+        }
+        if method == "tools/call":
+            tool = facts.tool(key) if key is not None else facts.mcp_name
+            if tool:
+                attributes[sc.GEN_AI_TOOL_NAME] = tool[:MAX_TOOL_NAME]
+        if error is not None:
+            attributes[sc.ERROR_TYPE] = error
+        if facts.protocol_version:
+            attributes[sc.MCP_PROTOCOL_VERSION] = facts.protocol_version[:32]
+        self._operation_duration.record(max(0.0, time.monotonic() - facts.started), attributes)
 
     # ------------------------------------------------------ subscriptions, re-issues
 

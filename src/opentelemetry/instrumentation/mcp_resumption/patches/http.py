@@ -11,6 +11,7 @@ the resume's ``mcp.resume`` span is that span's parent.
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import nullcontext
 from functools import partial
 from types import GeneratorType
@@ -37,7 +38,15 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 # The headers the plugin reads, found in one pass: httpx's ``Headers.get``
 # scans and decodes the whole list on each call, seven calls a request.
 _REQUEST_HEADERS = frozenset(
-    (b"last-event-id", b"mcp-session-id", b"mcp-protocol-version", b"accept", b"content-encoding")
+    (
+        b"last-event-id",
+        b"mcp-session-id",
+        b"mcp-protocol-version",
+        b"accept",
+        b"content-encoding",
+        b"mcp-method",
+        b"mcp-name",
+    )
 )
 _RESPONSE_HEADERS = frozenset((b"mcp-session-id", b"mcp-protocol-version", b"content-type"))
 
@@ -145,6 +154,9 @@ def request_facts(owner: ResumptionMonitor, request: Any) -> RequestFacts | None
         mcp=mcp,
         query_names_session=bool(query) and "ession" in query,
         body=body,
+        started=time.monotonic(),
+        mcp_method=_header(headers, b"mcp-method"),
+        mcp_name=_header(headers, b"mcp-name"),
     )
 
 
@@ -199,7 +211,8 @@ def _observe_response(
     )
     if context is not None:
         owner.streams[response] = context
-    elif facts.body is not None and owner.reads_answer(facts, response.status_code):
+    elif facts.body is not None and content_type.startswith("application/json"):
+        # An MCP POST answered with JSON: read when the client closes it.
         owner.json_answers[response] = facts
 
 
@@ -330,7 +343,7 @@ def _answer_read(owner: ResumptionMonitor, instance: Any) -> None:
     if isinstance(answer, bytes):
         facts = owner.json_answers.pop(instance, None)
         if facts is not None:
-            owner.json_answered(facts, answer)
+            owner.json_answered(facts, answer, instance.status_code)
 
 
 def _close(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
