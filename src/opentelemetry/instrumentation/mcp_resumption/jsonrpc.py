@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import NamedTuple
 
 # JSON-RPC ids are chosen by the peer, the server's at any length: a key over
@@ -136,6 +137,11 @@ def requests_in(
 # What error.type says of an answer that is a tool's own error (a result with
 # isError true), as the MCP conventions name it.
 TOOL_ERROR = "tool_error"
+# Where a text may hold such a result: the SDKs write "isError":false into
+# every tool result, so the key alone would parse each one.  JSON allows
+# whitespace around the colon.
+_TOOL_FAILED = re.compile(r'"isError"\s*:\s*true')
+_TOOL_FAILED_BYTES = re.compile(rb'"isError"\s*:\s*true')
 
 
 def answer_errors(text: str | bytes | None) -> dict[str, str]:
@@ -146,9 +152,9 @@ def answer_errors(text: str | bytes | None) -> dict[str, str]:
     if not text:
         return {}
     if isinstance(text, bytes):
-        if b'"error"' not in text and b'"isError"' not in text:
+        if b'"error"' not in text and not _TOOL_FAILED_BYTES.search(text):
             return {}
-    elif '"error"' not in text and '"isError"' not in text:
+    elif '"error"' not in text and not _TOOL_FAILED.search(text):
         return {}
     failed = {}
     for message in _messages(text) or ():

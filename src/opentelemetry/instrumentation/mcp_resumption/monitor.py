@@ -152,12 +152,6 @@ class ResumptionMonitor:
         self.redirected: weakref.WeakKeyDictionary[Any, list[tuple[str, str]]] = (
             weakref.WeakKeyDictionary()
         )
-        # POSTs answered with JSON whose answer is read when the client closes
-        # the response (its body read by then): the tools/list answers, and
-        # answers a watched re-issue waits for.
-        self.json_answers: weakref.WeakKeyDictionary[Any, RequestFacts] = (
-            weakref.WeakKeyDictionary()
-        )
         # How many frames above the close patch's check a reader's frame was
         # found when a client closed a response inside its read (a few call
         # chains of the libraries': looked at before a walk up the stack).

@@ -212,8 +212,10 @@ def _observe_response(
     if context is not None:
         owner.streams[response] = context
     elif facts.body is not None and content_type.startswith("application/json"):
-        # An MCP POST answered with JSON: read when the client closes it.
-        owner.json_answers[response] = facts
+        # An MCP POST answered with JSON: read when the client closes it.  On
+        # the response itself (an attribute costs a fifth of a weak mapping's
+        # entry, and goes with it).
+        response._mcp_resumption_answer = (owner, facts)
 
 
 def _failed(
@@ -341,8 +343,9 @@ def _answer_read(owner: ResumptionMonitor, instance: Any) -> None:
     # finds it.  A body the client never read is not ours to read.
     answer = getattr(instance, "_content", None)
     if isinstance(answer, bytes):
-        facts = owner.json_answers.pop(instance, None)
-        if facts is not None:
+        registered, facts = instance._mcp_resumption_answer
+        del instance._mcp_resumption_answer
+        if registered is owner:  # not another instrument() cycle's
             owner.json_answered(facts, answer, instance.status_code)
 
 
@@ -351,7 +354,7 @@ def _close(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     # events: the close is the only sign (the fail-closed re-initialise path).
     if instance in owner.streams:
         guarded("observing a closed response", _close_seen, owner, instance)
-    elif owner.json_answers and instance in owner.json_answers:
+    elif hasattr(instance, "_mcp_resumption_answer"):
         guarded("reading a JSON answer", _answer_read, owner, instance)
     return wrapped(*args, **kwargs)
 
@@ -359,7 +362,7 @@ def _close(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
 async def _aclose(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     if instance in owner.streams:
         guarded("observing a closed response", _close_seen, owner, instance)
-    elif owner.json_answers and instance in owner.json_answers:
+    elif hasattr(instance, "_mcp_resumption_answer"):
         guarded("reading a JSON answer", _answer_read, owner, instance)
     return await wrapped(*args, **kwargs)
 
