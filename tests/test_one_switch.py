@@ -11,18 +11,16 @@ entry point's package may load until the process serves MCP."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import clean_env, stop_process
+from helpers import clean_env, example_server
 
 pytestmark = pytest.mark.mcp2
 
-ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = Path(__file__).parent / "programs" / "mcp2_once.py"
 BIN = Path(sys.executable).parent
 PACKAGE = "opentelemetry.instrumentation.mcp_resumption"
@@ -35,18 +33,8 @@ ENTRY = {PACKAGE, f"{PACKAGE}.version", f"{PACKAGE}.package", f"{PACKAGE}.skip_n
 
 @pytest.fixture(scope="module")
 def server():
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "server" / "server.py"), "--port", "0"],
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    first = process.stdout.readline()
-    match = re.match(r"serving (http://127\.0\.0\.1:\d+/mcp)$", first.strip())
-    assert match, first
-    yield match.group(1)
-    stop_process(process)
+    with example_server() as url:
+        yield url
 
 
 def modules_of_a_client(url: str, disabled: str) -> set[str]:
