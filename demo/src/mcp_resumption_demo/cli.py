@@ -53,7 +53,11 @@ examples:
   mcp-resumption demo
   mcp-resumption demo --scenario drain_race --json
   mcp-resumption demo --prometheus-port 9464 --hold 600
-  OTEL_TRACES_EXPORTER=console opentelemetry-instrument mcp-resumption scenario drain_race
+  OTEL_TRACES_EXPORTER=console OTEL_METRICS_EXPORTER=console OTEL_LOGS_EXPORTER=console \\
+    opentelemetry-instrument mcp-resumption scenario drain_race
+
+(Every exporter is set: their default, OTLP over gRPC, is not installed with
+the demo, and without it opentelemetry-instrument loads no plugin at all.)
 """
 
 
