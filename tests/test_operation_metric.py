@@ -206,3 +206,42 @@ def test_the_legacy_sse_transport_times_its_answers_on_the_get_stream(telemetry,
     [call] = [p for p in points(telemetry) if p.attributes["mcp.method.name"] == "tools/call"]
     assert call.attributes["gen_ai.tool.name"] == "work"
     assert 0.05 <= call.sum < 10
+
+
+HOW = ["streamed", "read-by-send", "redirected"]
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_json_answer_is_timed_however_the_client_reads_it(telemetry, how):
+    """A raw httpx client: ``client.stream`` leaves the body to the client,
+    ``client.post`` reads it inside ``send`` (nothing closes it afterwards),
+    and a redirect (Starlette's ``/mcp/`` to ``/mcp``) sends the body again
+    as a stream the plugin does not read."""
+    import httpx
+
+    body = {"jsonrpc": "2.0", "id": 41, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}}  # fmt: skip
+    headers = {"accept": "application/json, text/event-stream"}
+
+    async def raw():
+        async with sdk_stack(sdk_app(json_response=True), cut=False) as (router, _, _):
+            with telemetry.instrumented():
+                async with httpx.AsyncClient(follow_redirects=True) as http:
+                    url = router.url + ("/mcp/" if how == "redirected" else "/mcp")
+                    if how == "read-by-send":
+                        response = await http.post(url, json=body, headers=headers)
+                    else:
+                        async with http.stream("POST", url, json=body, headers=headers) as response:
+                            await response.aread()
+                    assert response.status_code == 200
+                    assert response.headers["content-type"].startswith("application/json")
+                    assert [r.status_code for r in response.history] == (
+                        [307] if how == "redirected" else []
+                    )
+            return router
+
+    router = asyncio.run(raw())
+    [point] = points(telemetry)
+    assert point.attributes["mcp.method.name"] == "initialize" and point.count == 1
+    assert point.attributes["server.port"] == router.port

@@ -54,7 +54,7 @@ from .facts import (
     transport_of,
 )
 from .forks import renew_after_fork
-from .jsonrpc import LISTEN, answer_errors
+from .jsonrpc import LISTEN, TOOLS_LIST, answer_errors
 from .redaction import Redaction
 from .telemetry import EVENTS_BATCH, EVENTS_BATCH_SECONDS, TelemetrySink
 from .tracker import NOTHING, Step, Tracker, bounded_id
@@ -315,16 +315,20 @@ class ResumptionMonitor:
         """The JSON answer of an MCP POST, read when the client closed it:
         the operations it ends, the tools/list hints and the answers a
         watched re-issue waits for."""
-        body = facts.body
-        if not self.enabled or body is None:
+        body = facts.body  # None: parsed already, or a redirect's hop
+        if not self.enabled or (body is None and not facts.requests):
             return
-        if b'"tools/list"' in body or self.tracker.watches_reissues:
+        if body is not None:
+            lists_tools = b'"tools/list"' in body
+        else:
+            lists_tools = any(method == TOOLS_LIST for _, method in facts.requests or ())
+        if lists_tools or self.tracker.watches_reissues:
             session_id = facts.session_id or facts.legacy_session_id
-            self.tracker.json_answered(facts.server, session_id, facts.path, body, answer)
+            self.tracker.json_answered(facts.server, session_id, facts.path, lists_tools, answer)
             self._report_ran_twice()
         failed = answer_errors(answer)
         rejected = str(status) if status >= 400 else None
-        if facts.mcp_method is not None and b'"id"' in body:
+        if facts.mcp_method is not None and body is not None and b'"id"' in body:
             # 2026-07-28 names the one request's method in a header: no parse.
             error = next(iter(failed.values()), rejected)
             self.telemetry.operation(facts.mcp_method, None, facts, error)

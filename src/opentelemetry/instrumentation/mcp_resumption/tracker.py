@@ -1099,12 +1099,12 @@ class Tracker:
                     self._reissues.pop(index, None)
 
     def json_answered(
-        self, server: str, session_id: str | None, path: str, request: bytes, answer: bytes
+        self, server: str, session_id: str | None, path: str, lists_tools: bool, answer: bytes
     ) -> None:
-        """A POST's JSON answer was read: the tools/list hints it carries, and
-        the answers a watched re-issue waits for."""
+        """A POST's JSON answer was read: the tools/list hints it carries (if
+        ``lists_tools``), and the answers a watched re-issue waits for."""
         with self._lock:
-            if b'"tools/list"' in request:
+            if lists_tools:
                 self._remember_hints(server, answer)
             if self._reissues:
                 session = self._sessions.get(_session_key(server, session_id, path))

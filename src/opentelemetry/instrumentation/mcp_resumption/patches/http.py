@@ -211,11 +211,18 @@ def _observe_response(
     )
     if context is not None:
         owner.streams[response] = context
-    elif facts.body is not None and content_type.startswith("application/json"):
-        # An MCP POST answered with JSON: read when the client closes it.  On
-        # the response itself (an attribute costs a fifth of a weak mapping's
-        # entry, and goes with it).
-        response._mcp_resumption_answer = (owner, facts)
+    elif (facts.body is not None or facts.requests) and content_type.startswith(
+        "application/json"
+    ):
+        # An MCP POST answered with JSON: read when the client closes it, or
+        # now where send() read it already (not streamed).  The reader rides
+        # on the response itself (an attribute costs a fifth of a weak
+        # mapping's entry, and goes with it).
+        answer = getattr(response, "_content", None)
+        if isinstance(answer, bytes):
+            owner.json_answered(facts, answer, response.status_code)
+        else:
+            response._mcp_resumption_answer = (owner, facts)
 
 
 def _failed(
