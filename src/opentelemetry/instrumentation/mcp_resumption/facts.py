@@ -90,6 +90,7 @@ class StreamContext:
         "facts",
         "feed",
         "reader",
+        "said",
         "span",
         "started",
         "status",
@@ -108,6 +109,9 @@ class StreamContext:
         self.error: ResumptionGapError | None = None
         self.deadline: list | None = None
         self.decided = 0.0  # when the verdict was given (the attempt may close later)
+        # (outcome, gap kinds) of the verdict line written when it was decided:
+        # the attempt's close writes another only if its final verdict differs.
+        self.said: tuple[str, tuple[str, ...]] | None = None
         # Events read but not yet added to the totals, and when they last were.
         self.uncounted = 0
         self.counted_at = time.monotonic()

@@ -619,10 +619,14 @@ class ResumptionMonitor:
         if step.lost_subscriptions:
             self._deadlines.add(self.settings.confirm_timeout, self._subscriptions_due)
         if step.not_resumable:
-            self.telemetry.not_resumable(context)
+            self.telemetry.not_resumable(context, awaiting=len(step.broke))
         if step.verdict is not None:
             self._deadlines.cancel(context.deadline)
             context.decided = time.monotonic()
+            # Its calls still in flight, and those it handed out to their
+            # fates in this same step.
+            awaiting = (check.awaiting if check is not None else 0) + len(step.broke)
+            self.telemetry.decided(context, step.verdict, awaiting)
         if step.final is not None:
             # The attempt is over: one outcome, with every gap it had.
             self.telemetry.finish(

@@ -409,6 +409,17 @@ class TelemetrySink:
             self._reissue(context, decided)
         if decided.gap is not None:
             self.gap(attempt or context, decided.gap)
+            server = server_name(context.facts.host, context.facts.port)
+            verdicts.finding(
+                server,
+                "",
+                "mcp-resumption lost call: server=%s method=%s request=%s: its stream broke "
+                "and its answer never came (%s); re-issue it",
+                server,
+                decided.broken.method or "-",
+                exported_request_id(decided.broken.key),
+                decided.gap.observed,
+            )
 
     # ------------------------------------------------------ operations
 
@@ -502,9 +513,27 @@ class TelemetrySink:
             exported_request_id(broken.key),
         )
 
-    def not_resumable(self, context: StreamContext) -> None:
+    def decided(self, context: StreamContext, verdict: Verdict, awaiting: int) -> None:
+        """An attempt's verdict was decided (at the first decisive fact: for
+        ``resumed``, the replay that proves it): its line now, with the
+        ``awaiting`` calls it still waits for; tallied when the attempt
+        closes (``finish``)."""
+        kinds = tuple(sorted({gap.kind.value for gap in verdict.gaps}))
+        context.said = (verdict.outcome.value, kinds)
+        verdicts.verdict(
+            server_name(context.facts.host, context.facts.port),
+            context.transport,
+            verdict.outcome.value,
+            (gap.kind.value for gap in verdict.gaps),
+            awaiting=awaiting,
+            tally=False,
+        )
+
+    def not_resumable(self, context: StreamContext, awaiting: int = 0) -> None:
         """A break with requests in flight that nothing resumed: an attempt
-        of its own, with no span (nothing was sent)."""
+        of its own, with no span (nothing was sent).  Its line counts the
+        ``awaiting`` calls whose fate is not known yet; each that is then
+        lost gets a line of its own (``fate``)."""
         self._attempts.add(
             1,
             {
@@ -517,6 +546,7 @@ class TelemetrySink:
             server_name(context.facts.host, context.facts.port),
             context.transport,
             Outcome.NOT_RESUMABLE.value,
+            awaiting=awaiting,
         )
 
     def finish(self, context: StreamContext, verdict: Verdict, previous: str | None) -> None:
@@ -539,6 +569,8 @@ class TelemetrySink:
             )
         self._replayed.record(verdict.replayed_events, base)
         check = context.stream.check if context.stream is not None else None
+        kinds = tuple(sorted({gap.kind.value for gap in verdict.gaps}))
+        said = context.said
         verdicts.verdict(
             server_name(context.facts.host, context.facts.port),
             context.transport,
@@ -547,6 +579,8 @@ class TelemetrySink:
             opaque_ids=verdict.first_event_id is not None
             and check is not None
             and check.cursor.known,
+            # Written when decided; again only if the final verdict differs.
+            line="" if said is None else None if said == (outcome, kinds) else " (final)",
         )
         span = context.span
         if span is not None:

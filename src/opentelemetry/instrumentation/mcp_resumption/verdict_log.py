@@ -180,29 +180,40 @@ class VerdictLog:
         gap_kinds: Iterable[str] = (),
         *,
         opaque_ids: bool = False,
+        awaiting: int = 0,
+        line: str | None = "",
+        tally: bool = True,
     ) -> None:
-        """One attempt's verdict: tallied, and written as one line."""
+        """One attempt's verdict: tallied (``tally``: when the attempt is
+        over), and written as one line (``line``: None for none, else what
+        follows it: "" when it is decided, " (final)" when the attempt's
+        final verdict differs from the line written at the decision).
+        ``awaiting``: calls still without an answer or a fate, which the line
+        counts apart from the lost ones (each lost call gets its own line)."""
         if self.mode() == "off":
             return
         kinds = sorted(gap_kinds)
         lost = kinds.count(LOST)
-        tally = self._tally(server)
         hint = False
-        if tally is not None:
-            with self._lock:
-                tally.outcomes[outcome] += 1
-                if outcome == "unverifiable" and opaque_ids and not tally.hinted:
-                    tally.hinted = hint = True
+        if tally:
+            record = self._tally(server)
+            if record is not None:
+                with self._lock:
+                    record.outcomes[outcome] += 1
+                    if outcome == "unverifiable" and opaque_ids and not record.hinted:
+                        record.hinted = hint = True
         level = logging.WARNING if outcome in WARNING_OUTCOMES else logging.INFO
-        if _enabled(level) and self._budget.take((outcome, server)):
+        if line is not None and _enabled(level) and self._budget.take((outcome, server)):
             _write(
                 level,
-                "mcp-resumption verdict: %s server=%s transport=%s gaps=%s lost_calls=%d",
+                "mcp-resumption verdict: %s server=%s transport=%s gaps=%s lost_calls=%d%s%s",
                 outcome,
                 server,
                 transport,
                 ",".join(sorted(set(kinds))) or "-",
                 lost,
+                f" awaiting={awaiting}" if awaiting else "",
+                line,
             )
         if hint:
             _write(
@@ -225,8 +236,8 @@ class VerdictLog:
         if tally is not None and kind:
             with self._lock:
                 tally.findings[kind] += 1
-        if _logger.isEnabledFor(logging.WARNING) and self._budget.take((kind or line, server)):
-            _logger.warning(line, *args)
+        if _enabled(logging.WARNING) and self._budget.take((kind or line, server)):
+            _write(logging.WARNING, line, *args)
 
     # -- the summary
 
