@@ -123,8 +123,8 @@ def test_a_task_handle_answers_its_call_and_a_broken_one_is_answered_by_it():
         sent=requests_in(body), operation="the call",
     )
     tracker.event_received(stream, "1", json.dumps({"jsonrpc": "2.0", "method": "x"}))
-    step = tracker.event_received(stream, "2", handle)
-    assert step.operations == (("tools/call", "7", "the call", None),), "answered, no error"
+    tracker.event_received(stream, "2", handle)
+    assert tracker.take_operations() == [("tools/call", "7", "the call", None)], "no error"
     ended = tracker.stream_ended(stream, "a read error (RemoteProtocolError)")
     assert ended.broke == () and ended.fates == () and not ended.not_resumable
     assert tracker.all_lost("the process exited").fates == ()

@@ -442,6 +442,8 @@ class ResumptionMonitor:
                 self.tracker.bind_session(context.stream, session_id)
             return
         step = self.tracker.event_received(context.stream, event_id, data)
+        if self.tracker.operations_done:
+            self._operations_ended()
         if step is not NOTHING:
             self._apply(context, step)
             if context.error is not None:
@@ -463,6 +465,8 @@ class ResumptionMonitor:
         if not self.enabled:
             return
         step = self.tracker.fed_event(context.stream, feed.normalise, sse)
+        if self.tracker.operations_done:
+            self._operations_ended()
         if step is not NOTHING:
             self._apply(context, step)
             if context.error is not None:
@@ -516,6 +520,8 @@ class ResumptionMonitor:
             held_open=held_open,
         )
         self._settle_end(context, step)
+        if self.tracker.operations_done:
+            self._operations_ended()
         if self.tracker.ran_twice_found:
             self._report_ran_twice()
 
@@ -662,10 +668,10 @@ class ResumptionMonitor:
         """Report the fates a step decided and the operations it ended, close
         the attempts that waited for them, and time the reissue windows it
         started; ``context``: the stream the step was observed on."""
+        if self.tracker.operations_done:
+            self._operations_ended()
         if step is NOTHING:
             return
-        for method, key, facts, error in step.operations:
-            self.telemetry.operation(method, key, facts, error)
         for decided in step.fates:
             # A lost request is a gap of the attempt that waited for it, if any.
             holder = decided.broken.holder
@@ -682,6 +688,10 @@ class ResumptionMonitor:
                 self.telemetry.finish(held, final, check.cursor.transport if check else None)
         if step.window:
             self._deadlines.add(self.settings.confirm_timeout, self._fates_due)
+
+    def _operations_ended(self) -> None:
+        for method, key, facts, error in self.tracker.take_operations():
+            self.telemetry.operation(method, key, facts, error)
 
     def _fates_due(self) -> None:
         self._fated(self.tracker.fates_due(self.settings.confirm_timeout))

@@ -529,9 +529,6 @@ class Step:
     not_resumable: bool = False
     # Attempts of other streams that these fates closed: (stream, final).
     closed: tuple[tuple[Stream, Verdict], ...] = ()
-    # Operations this observation ended: (method, request key, the caller's
-    # record of the request, error.type or None), to be timed now.
-    operations: tuple[tuple[str, str, Any, str | None], ...] = ()
     # Subscriptions the stream's end lost, each with its gap (the caller tags
     # each with its record of the stream).
     lost_subscriptions: tuple[tuple[LostSubscription, Gap | None], ...] = ()
@@ -588,6 +585,9 @@ class Tracker:
         # counted before their window (a full ledger), until the caller takes them.
         self._ran_twice: list[Broken] = []
         self._ran_over: list[LostSubscription] = []
+        # Operations ended by an answer or a fate, until the caller takes them
+        # (``take_operations``); a list its readers test without the lock.
+        self.operations_done: list[tuple[str, str, Any, str | None]] = []
         renew_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -957,7 +957,7 @@ class Tracker:
                 stream.last_data = data
         stream.unconsumed_responses = responses
         if responses and session.ops:
-            step = self._answered_ops(session, responses, data, step)
+            self._answered_ops(session, responses, data)
         if responses:
             pending = session.pending
             if pending:
@@ -1067,23 +1067,27 @@ class Tracker:
                 del self._reissues[next(iter(self._reissues))]
         return replace(decided, idempotent=idempotent, may_run_twice=may_run_twice)
 
-    @staticmethod
-    def _answered_ops(session: Session, keys: Iterable[str], data: str, step: Step) -> Step:
-        """The operations these answers end, with each one's error.type."""
+    def _answered_ops(self, session: Session, keys: Iterable[str], data: str) -> None:
+        """The operations these answers end, with each one's error.type, for
+        the caller to take (a list, not a Step: one answer per request, and
+        a Step is the dearer record)."""
         ops = session.ops
-        done = []
         failed = None
         for key in keys:
             op = ops.pop(key, None)
             if op is not None:
                 if failed is None:
                     failed = answer_errors(data)
-                done.append((op[0], key, op[1], failed.get(key)))
+                self.operations_done.append((op[0], key, op[1], failed.get(key)))
         if not ops:
             session.ops = None
-        if not done:
-            return step
-        return replace(step, operations=(*step.operations, *done))
+
+    def take_operations(self) -> list[tuple[str, str, Any, str | None]]:
+        """The operations ended since the last call: (method, request key,
+        the caller's record of the request, error.type or None)."""
+        with self._lock:
+            done, self.operations_done = self.operations_done, []
+            return done
 
     def _answers_seen(self, session: Session, keys: Iterable[str]) -> None:
         """Answers to these requests of ``session`` arrived: a re-issued call
@@ -1516,7 +1520,6 @@ class Tracker:
             return step
         closed = []
         holders: dict[int, Stream] = {}
-        operations = []
         for decided in fates:
             # Settled: no later end of its lineage may record it again.
             decided.broken.session.answered((decided.broken.key,))
@@ -1524,7 +1527,7 @@ class Tracker:
             op = ops.pop(decided.broken.key, None) if ops else None
             if op is not None:  # not ended by an answer read: ended by its fate
                 error = None if decided.fate is Fate.ANSWERED else FATE_ERRORS[decided.fate]
-                operations.append((op[0], decided.broken.key, op[1], error))
+                self.operations_done.append((op[0], decided.broken.key, op[1], error))
             holder = decided.broken.holder
             if holder is None or holder.check is None:
                 continue
@@ -1549,7 +1552,6 @@ class Tracker:
             not_resumable=step.not_resumable,
             closed=(*step.closed, *closed),
             lost_subscriptions=step.lost_subscriptions,
-            operations=(*step.operations, *operations),
         )
 
     def _settle(self, stream: Stream) -> None:
