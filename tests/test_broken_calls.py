@@ -36,6 +36,7 @@ from wire import (
     Truth,
     assert_reissued,
     fates,
+    first_call_fails,
     instrument_env,
     orphan_logs,
     sdk_app,
@@ -44,10 +45,6 @@ from wire import (
 )
 
 CONFIRM = 1.0  # the confirmation window, which is also the reissue window (s)
-# How long the application waits for a call before it gives up on it: mcp 1.x
-# waits on a cut stream without event ids until then (mcp 2.x raises at once),
-# and it re-issues well inside the reissue window.
-GIVE_UP = 0.3
 DEADLINE = CONFIRM + 6  # for a fate decided by the window, on a loaded machine
 
 
@@ -98,16 +95,6 @@ NOT_RESUMABLE = [
     pytest.param(LEGACY, False, marks=pytest.mark.mcp2, id="mcp2-legacy-no-store"),
     pytest.param(MCP1, False, marks=pytest.mark.mcp1, id="mcp1-no-store"),
 ]
-
-
-async def first_call_fails(client: AppClient) -> None:
-    """The cut call does not return an answer: mcp 2.x raises at once, mcp 1.x
-    waits until the application gives up (enforce may fail it sooner)."""
-    try:
-        answer = await client.call("x", idle=GIVE_UP if client.kind == MCP1 else None)
-    except Exception:  # what the SDK raises is its business
-        return
-    raise AssertionError(f"the cut call returned {answer!r}")
 
 
 def assert_cut_without_ids(truth: Truth):

@@ -15,7 +15,6 @@ application sent it again (values of ours, documented).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
 
@@ -28,6 +27,7 @@ from wire import (
     AppClient,
     Truth,
     fates,
+    first_call_fails,
     instrument_env,
     message,
     sdk_app,
@@ -37,7 +37,6 @@ from wire import (
 
 DURATION = "mcp.client.operation.duration"
 CONFIRM = 1.0
-GIVE_UP = 0.3
 
 
 def points(telemetry) -> list:
@@ -139,8 +138,7 @@ def test_a_cut_call_is_one_point_with_its_fate_as_error_type(telemetry, monkeypa
         async with sdk_stack(sdk_app()) as (router, _, _):
             with telemetry.instrumented():
                 async with AppClient(kind, router.url + "/mcp") as client:
-                    with contextlib.suppress(Exception):
-                        await client.call("x", idle=GIVE_UP if kind == MCP1 else None)
+                    await first_call_fails(client)
                     if reissue:
                         assert await client.call("x") == "done x"
                     await wait_until(lambda: fates(telemetry), CONFIRM + 6)

@@ -22,6 +22,7 @@ import logging
 import pytest
 
 from wire import (
+    GIVE_UP,
     LEGACY,
     MCP1,
     MODERN,
@@ -31,6 +32,7 @@ from wire import (
     Truth,
     assert_reissued,
     fates,
+    first_call_fails,
     instrument_env,
     sdk_app,
     sdk_stack,
@@ -38,7 +40,6 @@ from wire import (
 )
 
 CONFIRM = 1.0
-GIVE_UP = 0.3
 DEADLINE = CONFIRM + 6
 REISSUES = "mcp.client.resumption.reissues"
 DUPLICATES = "mcp.client.resumption.duplicate_runs"
@@ -55,14 +56,6 @@ CASES = [
 # What the application knows of the tool: the server's tools/list declared it
 # idempotent, listed it without a hint, or was never asked.
 DECLARED = ["idempotent", "no-hint", "unlisted"]
-
-
-async def first_call_fails(client: AppClient) -> None:
-    try:
-        await client.call("x", idle=GIVE_UP if client.kind == MCP1 else None)
-    except Exception:
-        return
-    raise AssertionError("the cut call returned")
 
 
 def reissue_lines(caplog) -> list[str]:
