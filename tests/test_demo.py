@@ -62,8 +62,9 @@ def test_scenario_detects_exactly_its_ground_truth(rows, scenario):
 
 
 def test_the_new_rows_count_what_they_say(rows):
-    """The dropped subscription and the risky re-issue, as their rows state:
-    on the wire and as the plugin counted them, on either SDK major."""
+    """The dropped subscription, the risky re-issue and the call that ran
+    twice, as their rows state: on the wire and as the plugin counted them,
+    on either SDK major."""
     dropped = rows["subscription_dropped"]
     assert dropped["counts_on_the_wire"]["lost_subscriptions"] == {"false": 1}, dropped
     assert dropped["counted"]["lost_subscriptions_by_filter"] == {"tools": 1}, dropped
@@ -74,6 +75,10 @@ def test_the_new_rows_count_what_they_say(rows):
     assert risky["counts_on_the_wire"]["reissues"] == {"may_run_twice": 1}, risky
     assert risky["counted"]["reissues_by_idempotent"] == {"false": 1}, risky
     assert risky["counted"]["duplicate_runs"] == {}, risky
+    twice = rows["reissue_ran_twice"]
+    assert twice["counts_on_the_wire"]["duplicate_runs"] == {"all": 1}, twice
+    assert twice["counted"]["duplicate_runs"] == {"all": 1}, twice
+    assert twice["fates"] == {"reissued": 1}, twice
 
 
 def test_demo_command_from_a_clean_environment(demo_command):

@@ -110,6 +110,7 @@ def test_scenarios_carry_design_names() -> None:
         "stateless_cut_reissued",
         "stateless_cut_lost",
         "reissue_may_run_twice",
+        "reissue_ran_twice",
         "bridge_cut_lost",
         "subscription_dropped",
     ]
@@ -529,6 +530,32 @@ def test_reissue_may_run_twice(run: _Run) -> None:
     assert wire.counts["duplicate_runs"] == {} and wire.counts["lost_subscriptions"] == {}
 
 
+def test_reissue_ran_twice(run: _Run) -> None:
+    """With an event store: the cut call's reconnect was held until the
+    application had sent the call again and read its answer; the resume then
+    replayed the first attempt's answer too: both attempts were answered."""
+    wire = run.wires["reissue_ran_twice"]
+    listed = next(x for x in wire.exchanges if x.request.jsonrpc_method == "tools/list")
+    original, again = [x for x in wire.exchanges if x.request.jsonrpc_method == "tools/call"]
+    assert listed.index < original.index < again.index and original.severed
+    priming, progress = original.events
+    assert priming.id is not None and not priming.data  # the priming event
+    assert progress.id is not None and "notifications/progress" in progress.data
+    first, second = original.request.jsonrpc["id"], again.request.jsonrpc["id"]
+    assert response_id(again.events[-1]) == second
+    [resume] = wire.resumes
+    assert resume.status == 200 and resume.last_event_id_sent == progress.id
+    resumed = next(x for x in wire.exchanges if x.last_event_id_sent is not None)
+    assert resumed.index > again.index, "the reconnect was held until after the re-issue"
+    assert response_id(resume.events[-1]) == first, "the first attempt's answer, replayed"
+    assert wire.tool_result is not None and wire.tool_result.text == "slow finished 3 steps"
+    assert wire.fates == {"reissued": 1}
+    assert wire.counts is not None
+    assert wire.counts["duplicate_runs"] == {"all": 1}
+    assert wire.counts["reissues"] == {"may_run_twice": 1}
+    assert wire.counts["reissues_by_idempotent"] == {"false": 1}
+
+
 def test_subscription_dropped(run: _Run) -> None:
     """2026-07-28: the listen stream was acknowledged, then cut right after
     the acknowledgment, with no result for it; the client did not listen
@@ -601,11 +628,16 @@ def test_wire_counts_reads_the_wire() -> None:
         _request(14, listen("l-3", promptsListChanged=True), [ack], client_closed=True),  # local
         _request(15, listen("l-4", toolsListChanged=True, promptsListChanged=True), [ack],
                  severed=True),  # lost, and never re-listened after
+        # answered before the same call went out again: answered, no re-issue
+        _request(16, call(13, "book"), [], severed=True, version=old),
+        _request(17, {"jsonrpc": "2.0", "id": 14, "method": "ping"}, [answer(13)]),
+        _request(18, call(15, "book"), [answer(15)], version=old),
     ]  # fmt: skip
     counts = wire_counts(log)
-    assert broken_request_fates(log) == {"reissued": 4, "answered": 1}
-    assert counts["reissues"] == {"may_run_twice": 2, "none": 2}
-    assert counts["reissues_by_idempotent"] == {"false": 2, "true": 1, "unknown": 1}
+    # put (id 10) was re-issued (11) before its own answer came (on 11): reissued
+    assert broken_request_fates(log) == {"reissued": 5, "answered": 1}
+    assert counts["reissues"] == {"may_run_twice": 2, "none": 3}
+    assert counts["reissues_by_idempotent"] == {"false": 2, "true": 2, "unknown": 1}
     assert counts["duplicate_runs"] == {"all": 1}
     assert counts["lost_subscriptions"] == {"true": 1, "false": 1}
     assert counts["lost_subscriptions_by_filter"] == {"tools": 1, "prompts,tools": 1}

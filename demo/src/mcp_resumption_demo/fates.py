@@ -74,9 +74,7 @@ class _Broken:
 
     exchange: Exchange
     fate: str
-    # the later POST that sent the same call again (for an answered request,
-    # one that no other broken request claimed: it re-issued this one)
-    reissue: Exchange | None
+    reissue: Exchange | None  # the later POST that sent the same call again
     answered_later: bool  # its own answer crossed on a later exchange
 
 
@@ -104,11 +102,16 @@ def _broken_requests(exchanges: list[Exchange]) -> Iterator[_Broken]:
              and _same_call(message, x.request.jsonrpc)),
             None,
         )  # fmt: skip
-        answered = any(_answers(x, request_id) for x in later)
-        if again is not None and not answered:
+        # The first of the two on the wire decides: an exchange that forwarded
+        # the answer and began before the re-issue was sent, or the re-issue.
+        answered_on = next((x.index for x in later if _answers(x, request_id)), None)
+        if answered_on is not None and (again is None or answered_on < again.index):
+            yield _Broken(exchange, "answered", None, True)
+        elif again is not None:
             reissues.add(again.index)
-        fate = "answered" if answered else "reissued" if again is not None else "lost"
-        yield _Broken(exchange, fate, again, answered)
+            yield _Broken(exchange, "reissued", again, answered_on is not None)
+        else:
+            yield _Broken(exchange, "lost", None, False)
 
 
 def broken_request_fates(exchanges: list[Exchange]) -> dict[str, int]:
@@ -117,8 +120,10 @@ def broken_request_fates(exchanges: list[Exchange]) -> dict[str, int]:
     the router's host and port): ``answered`` when a later exchange forwarded
     its answer, ``reissued`` when a later POST sent the same call under a new
     id (each later call re-issues one broken request, the earliest first),
-    ``lost`` otherwise. A ``subscriptions/listen`` request is a subscription,
-    not a call: it has no fate."""
+    whichever began first (the log holds the exchanges in the order their
+    requests reached the router), ``lost`` otherwise. A
+    ``subscriptions/listen`` request is a subscription, not a call: it has
+    no fate."""
     fates: dict[str, int] = {}
     for broken in _broken_requests(exchanges):
         fates[broken.fate] = fates.get(broken.fate, 0) + 1
@@ -174,8 +179,8 @@ def wire_counts(exchanges: list[Exchange]) -> dict[str, dict[str, int]]:
       the re-issue declared of the tool. Risk ``may_run_twice`` where it is
       not ``true`` and the re-issue was sent under a protocol older than
       2026-07-28 (its ``MCP-Protocol-Version``), or none; else ``none``.
-    * ``duplicate_runs``: broken requests re-issued whose own answer and
-      the re-issue's both crossed the wire: the call ran twice.
+    * ``duplicate_runs``: broken requests re-issued whose own answer came
+      later as well as the re-issue's: the call ran twice.
     * ``lost_subscriptions`` (by whether a later listen went to the same
       server) and ``lost_subscriptions_by_filter``: listen requests whose
       stream ended with neither the server's result for them nor the
@@ -192,8 +197,6 @@ def wire_counts(exchanges: list[Exchange]) -> dict[str, dict[str, int]]:
         message = again.request.jsonrpc or {}
         if broken.answered_later and _answers(again, message.get("id")):
             _count(counts["duplicate_runs"], "all")
-        if broken.fate != "reissued":
-            continue
         params = message.get("params")
         if message.get("method") == "tools/call":
             tool = params.get("name") if isinstance(params, Mapping) else None

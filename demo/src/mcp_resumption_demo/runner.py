@@ -54,6 +54,16 @@ def _sums(reader: InMemoryMetricReader, metric_name: str, attribute: str) -> dic
     return {key: total for key, total in sums.items() if total}
 
 
+def _joint(reader: InMemoryMetricReader, metric_name: str, attributes: tuple[str, ...]) -> dict:
+    """A counter's total per combination of attributes' values, keyed by the
+    values joined with ``|`` (an attribute a series lacks: empty)."""
+    sums: dict[str, int] = {}
+    for point in _points(reader, metric_name):
+        key = "|".join(str(point.attributes.get(name, "")) for name in attributes)
+        sums[key] = sums.get(key, 0) + int(point.value)
+    return {key: total for key, total in sums.items() if total}
+
+
 def _outcomes(reader: InMemoryMetricReader) -> dict[str, int]:
     return _sums(reader, sc.ATTEMPTS[0], sc.RESUMPTION_OUTCOME)
 
@@ -108,6 +118,15 @@ def _counted(reader: InMemoryMetricReader) -> dict[str, Any]:
         "stream_events": {"all": sum(int(p.value) for p in _points(reader, sc.STREAM_EVENTS[0]))},
         "fates": _sums(reader, sc.BROKEN_REQUESTS[0], sc.REQUEST_FATE),
         **_wire_kept(reader),
+        # for the dashboards' breakdowns by two labels at once
+        "lost_subscriptions_joint": _joint(
+            reader,
+            sc.LOST_SUBSCRIPTIONS[0],
+            (sc.SUBSCRIPTION_NOTIFICATIONS, sc.SUBSCRIPTION_RELISTENED),
+        ),
+        "reissues_joint": _joint(
+            reader, sc.REISSUES[0], (sc.REISSUE_IDEMPOTENT, sc.REISSUE_RISK)
+        ),
     }
 
 
@@ -143,7 +162,7 @@ def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]
     """What one scenario added to the totals of ``_counted``."""
     changed = {}
     names = ("attempts", "gaps", "transport_crossings", "replayed_events", "stream_events",
-             "fates", *WIRE_COUNTS)  # fmt: skip
+             "fates", *WIRE_COUNTS, "lost_subscriptions_joint", "reissues_joint")  # fmt: skip
     for name in names:
         changed[name] = {
             key: value - before[name].get(key, 0)

@@ -1013,6 +1013,7 @@ SCENARIO_MODULES: Final = (
     "mcp_resumption_demo.ts_scenarios",
     "mcp_resumption_demo.server_scenarios",
     "mcp_resumption_demo.stateless_scenarios",
+    "mcp_resumption_demo.reissue_scenarios",
     "mcp_resumption_demo.bridge_scenarios",
     "mcp_resumption_demo.subscription_scenarios",
 )

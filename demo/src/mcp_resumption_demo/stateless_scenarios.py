@@ -14,13 +14,7 @@ import asyncio
 import contextlib
 from typing import Any, Final
 
-from .clients import (
-    MCP_MAJOR,
-    SdkSession,
-    ToolOutcome,
-    sdk_stateless_session,
-    sdk_streamable_session,
-)
+from .clients import MCP_MAJOR, SdkSession, ToolOutcome, sdk_stateless_session
 from .fates import broken_request_fates, wire_counts
 from .router import RequestHead, Route, Router
 from .scenarios import (
@@ -107,25 +101,6 @@ def record_cut(wire: ScenarioWire, router: Router) -> ScenarioWire:
     return wire
 
 
-async def _reissue_may_run_twice() -> ScenarioWire:
-    """2025-11-25 without an event store: the session has no event ids, so
-    nothing resumes the cut call, and the server does not take the closed
-    stream for cancellation. The application knows the tools (it listed
-    them: ``slow`` declares neither ``idempotentHint`` nor ``readOnlyHint``)
-    and sends the call again."""
-    async with _staged() as stage:
-        backend = await stage.serve("sdk-no-store", sdk_streamable_app(event_store=None))
-        router = await stage.route(cut_first_call(backend))
-        wire = ScenarioWire("reissue_may_run_twice", MCP_MAJOR, transport_before="streamable-http")
-        async with sdk_streamable_session(f"{router.url}/mcp") as session:
-            await session.list_tools()
-            wire.tool_result = await call_until_cut(session, router)
-            wire.tool_result = await session.call_tool(
-                "slow", {"steps": _STEPS}, read_timeout=_GUARD_TIMEOUT_S
-            )
-        return record_cut(wire, router)
-
-
 async def _stateless_cut_reissued() -> ScenarioWire:
     return await _stateless_cut("stateless_cut_reissued", reissue=True)
 
@@ -166,22 +141,5 @@ SCENARIOS = (
         expected_gaps=("orphaned_request",),
         expected_outcome="not_resumable",
         run=_stateless_cut_lost,
-    ),
-    Scenario(
-        name="reissue_may_run_twice",
-        happened=(
-            "2025-11-25, a session without an event store (the SDK client: mcp 2.x "
-            'Client(url, mode="legacy"), mcp 1.x ClientSession). The client lists the tools '
-            "(slow declares neither idempotentHint nor readOnlyHint) and calls tools/call "
-            "slow; the balancer cuts its stream after the first progress notification, which "
-            "carried no event id: nothing to resume with. The application sends the call "
-            "again (same method and params, new id) and gets its answer. On 2025-11-25 a "
-            "server does not take a closed stream for cancellation, so the first attempt "
-            "may have run to its end too: the tool may have run twice. Fate: reissued; one "
-            "re-issue, risk may_run_twice, idempotent false."
-        ),
-        expected_gaps=(),
-        expected_outcome="not_resumable",
-        run=_reissue_may_run_twice,
     ),
 )
