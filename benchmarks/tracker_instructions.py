@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import sys
 from collections import deque
 from pathlib import Path
@@ -40,6 +41,10 @@ def worker(stage: str, n: int) -> None:
 
     last = STAGES.index(stage)
     tracker = Tracker()
+    # The monitor's record of each request, handed back when its answer ends
+    # the operation (a plugin from before the operation metric takes none).
+    takes_operation = "operation" in inspect.signature(tracker.open_stream).parameters
+    operation = {"operation": SERVER} if takes_operation else {}
 
     def post(request_id: int) -> None:
         body = _body(request_id)
@@ -52,6 +57,7 @@ def worker(stage: str, n: int) -> None:
         stream = tracker.open_stream(
             SERVER, STREAMABLE_HTTP, session_id=SESSION, request_session_id=SESSION,
             carries=[key for key, _ in requests or ()], path="/mcp", body=body, sent=requests,
+            **operation,
         )
         if last < 3:
             return

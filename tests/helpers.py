@@ -1,5 +1,6 @@
 """What several test modules share: in-memory telemetry, stopping a child,
-a child's clean environment and the console metric exporter's output read.
+a child's clean environment, the example server in a child, and the console
+metric exporter's output read.
 
 Test modules import shared code from here or from the other helper modules
 (``scripted_server``: a real HTTP server and seed 000's scripts for it;
@@ -14,8 +15,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
@@ -135,6 +139,27 @@ def clean_env(**extra: str) -> dict[str, str]:
     }
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def example_server(*args: str) -> Iterator[str]:
+    """examples/server/server.py (uninstrumented) on a free port, with
+    ``args``; yields its URL."""
+    server = Path(__file__).resolve().parents[1] / "examples" / "server" / "server.py"
+    process = subprocess.Popen(
+        [sys.executable, str(server), "--port", "0", *args],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        first = process.stdout.readline()
+        match = re.match(r"serving (http://127\.0\.0\.1:\d+/mcp)$", first.strip())
+        assert match, first
+        yield match.group(1)
+    finally:
+        stop_process(process)
 
 
 def console_metrics(stdout: str) -> list[dict]:

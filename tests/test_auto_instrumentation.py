@@ -56,8 +56,17 @@ def test_opentelemetry_instrument_exports_the_gap(server):
     assert "legacy-abc" not in out and "fresh-1" not in out, "raw session ids leaked"
 
 
-def test_invalid_setting_warns_and_keeps_working(server):
-    result = run_instrumented(server, OTEL_PYTHON_MCP_RESUMPTION_MODE="strict")
+def test_each_invalid_setting_warns_once_and_keeps_working(server):
+    """Both halves' instrumentors read the settings (and each instrument()
+    cycle would again): still one line per invalid variable."""
+    invalid = {
+        "OTEL_PYTHON_MCP_RESUMPTION_MODE": "strict",
+        "OTEL_PYTHON_MCP_RESUMPTION_SESSION_ID": "plain",
+        "OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT": "soon",
+    }
+    result = run_instrumented(server, **invalid)
     assert result.returncode == 0, result.stderr
-    assert "OTEL_PYTHON_MCP_RESUMPTION_MODE" in result.stderr
+    for variable, value in invalid.items():
+        warnings = [line for line in result.stderr.splitlines() if f"{variable}={value!r}" in line]
+        assert len(warnings) == 1, result.stderr
     assert '"mcp.resumption.gap.kind": "session_changed"' in result.stdout

@@ -127,7 +127,11 @@ def test_one_scenario_client_under_opentelemetry_instrument():
     # and the readable verdict on stderr: its line and the summary at exit
     assert re.search(
         r"^mcp-resumption verdict: gap server=127\.0\.0\.1:\d+ transport=streamable-http "
-        r"gaps=drain_race,orphaned_request lost_calls=1$",
+        r"gaps=drain_race lost_calls=0 awaiting=1\n"
+        r"mcp-resumption lost call: server=127\.0\.0\.1:\d+ method=tools/call request=\S+: "
+        r".+; re-issue it\n"
+        r"mcp-resumption verdict: gap server=127\.0\.0\.1:\d+ transport=streamable-http "
+        r"gaps=drain_race,orphaned_request lost_calls=1 \(final\)$",
         result.stderr,
         re.M,
     ), result.stderr

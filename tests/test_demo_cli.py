@@ -277,3 +277,38 @@ def test_the_table_fits_120_columns_and_cuts_nothing():
     for row in engine_table.run():
         assert " ".join(row["happened"].split()) in text, row["happened"]
     assert "…" not in result.stdout
+
+
+# Internal words a user cannot look up: the numbers of the documents the
+# scenarios came from, and the demo's private name for its servers.
+UNEXPLAINED = re.compile(r"\bseeds?\b|\bseed-|\bfleet\b", re.IGNORECASE)
+
+
+def test_rows_and_help_name_the_incident_in_plain_words():
+    """Every row's story (as ``scenario --list`` and the demo's table print
+    it) and every help text says what happened, not which internal document
+    it came from."""
+    texts = [cli("scenario", "--list"), cli("--help")]
+    texts += [cli(command, "--help") for command in ("demo", "scenario", "engine")]
+    assert "migration_reset:" in texts[0].stdout  # the rows are listed
+    for result in texts:
+        assert result.returncode == 0, result.stderr
+        found = UNEXPLAINED.findall(result.stdout)
+        assert not found, (found, result.stdout)
+
+
+# Words of the docs that need their meaning where a document first uses them.
+TERMS = ("lineage", "ledger")
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda path: path.name)
+def test_each_doc_explains_its_terms_where_it_first_uses_them(doc):
+    """The paragraph of a term's first use in a document glosses it, in
+    parentheses right after the term."""
+    paragraphs = doc.read_text().split("\n\n")
+    for term in TERMS:
+        first = next((p for p in paragraphs if re.search(rf"\b{term}\b", p)), None)
+        if first is None:
+            continue
+        assert re.search(rf"\b{term}\*?\s+\(", first), (doc.name, term, first)

@@ -125,9 +125,10 @@ def plugin_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("mcp-resumption ")]
 
 
+# Each resume is decided at its replay, while the example's call still runs.
 RESUMED = [
     "mcp-resumption verdict: resumed server=127.0.0.1:{port} transport=streamable-http "
-    "gaps=- lost_calls=0"
+    "gaps=- lost_calls=0 awaiting=1"
 ] * 3 + ["mcp-resumption summary: server=127.0.0.1:{port} attempts=3 resumed=3 gaps=- lost_calls=0"]
 NOTHING = ["mcp-resumption summary: server=127.0.0.1:{port} attempts=0 gaps=- lost_calls=0"]
 

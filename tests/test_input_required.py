@@ -95,3 +95,36 @@ def test_an_input_required_round_trip_reports_no_loss(telemetry, monkeypatch, pr
 
 async def _ignore(*_args) -> None:
     return None
+
+
+def test_a_task_handle_answers_its_call_and_a_broken_one_is_answered_by_it():
+    """The tasks extension answers a tools/call with a task handle
+    (``resultType: "task"``): an answer like any other, on the stream that
+    carries it or on a resumed one, whatever becomes of the task."""
+    import json
+
+    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
+    from opentelemetry.instrumentation.mcp_resumption.tracker import Tracker
+
+    server, session = "127.0.0.1:8000", "s-1"
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "book"}}
+    ).encode()
+    handle = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": 7,
+            "result": {"resultType": "task", "task": {"taskId": "t-1", "status": "working"}},
+        }
+    )
+    tracker = Tracker()
+    stream = tracker.open_stream(
+        server, "streamable-http", session_id=session, carries=["7"], body=body,
+        sent=requests_in(body), operation="the call",
+    )
+    tracker.event_received(stream, "1", json.dumps({"jsonrpc": "2.0", "method": "x"}))
+    tracker.event_received(stream, "2", handle)
+    assert tracker.take_operations() == [("tools/call", "7", "the call", None)], "no error"
+    ended = tracker.stream_ended(stream, "a read error (RemoteProtocolError)")
+    assert ended.broke == () and ended.fates == () and not ended.not_resumable
+    assert tracker.all_lost("the process exited").fates == ()

@@ -49,3 +49,12 @@ def test_the_server_half_can_be_disabled_on_its_own():
     done = run(OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="mcp_resumption_server")
     assert "resume answered 200" in done.stdout
     assert "mcp.server.resumption.requests" not in done.stdout
+
+
+def test_a_setting_both_halves_read_warns_once():
+    """A process that is client and server alike loads both halves, and each
+    reads the session-id policy (the server half at its first request)."""
+    done = run(OTEL_PYTHON_MCP_RESUMPTION_SESSION_ID="plain")
+    assert '"mcp.resumption.outcome": "unknown_cursor"' in done.stdout  # the server half ran
+    warnings = [line for line in done.stderr.splitlines() if "SESSION_ID='plain'" in line]
+    assert len(warnings) == 1, done.stderr

@@ -164,9 +164,11 @@ def test_a_break_nothing_resumes_is_a_warning_and_the_exit_summary_counts_its_lo
     scenario, lost
 ):
     """The demo's stateless rows under opentelemetry-instrument, as a user's
-    client runs: the break is one not_resumable WARNING line, and the summary
-    written at exit comes after the plugin decided the call still waiting
-    (lost in one row, re-issued in the other)."""
+    client runs: the break is one not_resumable WARNING line written at the
+    break, which counts the call as awaiting its fate and is never
+    contradicted: the fate, once decided, has a line of its own, and the
+    summary written at exit agrees with both (lost in one row, re-issued in
+    the other)."""
     bin_dir = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTHONPATH"))}
     env.update(OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
@@ -177,20 +179,28 @@ def test_a_break_nothing_resumes_is_a_warning_and_the_exit_summary_counts_its_lo
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("mcp-resumption ")]
-    # mcp 1.x speaks 2025-11-25, whose servers do not cancel a call when its
-    # stream breaks: its re-issue may have run the tool twice, and says so.
+    # The break's line counts the call as awaiting its fate; the fate then has
+    # a line of its own where it loses something: the lost call, or (mcp 1.x
+    # speaks 2025-11-25, whose servers do not cancel a call when its stream
+    # breaks) a re-issue that may have run the tool twice.
     risky = not lost and importlib.metadata.version("mcp").startswith("1.")
-    assert len(lines) == 3 if risky else 2, result.stderr
-    if risky:
-        verdict, warning, summary = lines
-        assert warning.startswith("mcp-resumption re-issue may run twice: "), warning
+    assert len(lines) == (3 if lost or risky else 2), result.stderr
+    if lost:
+        verdict, fate, summary = lines
+        assert re.fullmatch(
+            r"mcp-resumption lost call: server=127\.0\.0\.1:\d+ method=tools/call request=\S+: .+",
+            fate,
+        ), fate
+    elif risky:
+        verdict, fate, summary = lines
+        assert fate.startswith("mcp-resumption re-issue may run twice: "), fate
         assert summary.endswith(" may_run_twice=1"), summary
         summary = summary.removesuffix(" may_run_twice=1")
     else:
         verdict, summary = lines
     assert re.fullmatch(
         r"mcp-resumption verdict: not_resumable server=127\.0\.0\.1:\d+ "
-        r"transport=streamable-http gaps=- lost_calls=0",
+        r"transport=streamable-http gaps=- lost_calls=0 awaiting=1",
         verdict,
     ), verdict
     gaps = "orphaned_request:1" if lost else "-"

@@ -18,9 +18,10 @@ import logging
 
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
 
-# Every verdict as one log line (INFO), and a per-server summary at exit.
-# Without these two lines, Python shows only the WARNING ones (a gap, a
-# lost call, a hint).
+# Every verdict as one log line, and a per-server summary at exit. A
+# program that configures logging, as this one does, sets the plugin's
+# level to see the INFO ones (a proven resume, a clean summary); one
+# that configures none gets every line on stderr without these two.
 logging.basicConfig(format="%(message)s")
 logging.getLogger("opentelemetry.instrumentation.mcp_resumption").setLevel(logging.INFO)
 McpResumptionInstrumentor().instrument()

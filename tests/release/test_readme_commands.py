@@ -1,5 +1,6 @@
 """Every shell block of README.md, docs/, examples/README.md and
-dashboards/README.md, run as written.
+dashboards/README.md, and every example of the demo command's ``--help``,
+run as written.
 
 The blocks that install run in a fresh copy of the tree (what a clone gives),
 in the venv the README's first command makes there. Each block the documents
@@ -16,9 +17,11 @@ engine on the test machines), whose mounted paths are checked instead.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -92,6 +95,16 @@ EXAMPLES_SERVER = ".venv/bin/python examples/server/server.py --port 8000"
 EXAMPLES_CLIENT = (
     ".venv/bin/python examples/manual/client_mcp2.py http://127.0.0.1:8000/mcp --mode legacy"
 )
+# The examples of `mcp-resumption --help` (and of each command's), run as
+# written in the venv that DEMO makes, with that venv first on PATH.
+HELP_DEMO = "mcp-resumption demo"
+HELP_JSON = "mcp-resumption demo --scenario drain_race --json"
+HELP_SCRAPE = "mcp-resumption demo --prometheus-port 9464 --hold 600"
+HELP_SCENARIO = (
+    "OTEL_TRACES_EXPORTER=console OTEL_METRICS_EXPORTER=console OTEL_LOGS_EXPORTER=console \\\n"
+    "  opentelemetry-instrument mcp-resumption scenario drain_race"
+)
+HELP_EXAMPLES = {HELP_DEMO, HELP_JSON, HELP_SCRAPE, HELP_SCENARIO}
 ALL = {DEMO, TESTS, FROM_CLONE, FROM_WHEEL, PUBLISHED, SCENARIO, PROMETHEUS, SCRAPE_TARGET}
 ALL |= {BENCH, BENCH_INSTRUCTIONS, FUZZ, CHECKING, DOCKER, EXAMPLES_INSTALL, EXAMPLES_SERVER}
 ALL |= {EXAMPLES_CLIENT}
@@ -199,17 +212,61 @@ def test_the_examples_as_a_new_user_runs_them(demo, clone):
     assert printed == shown.replace("8000", str(port)).strip().splitlines(), result.stderr
 
 
-def test_demo_as_a_scrape_target(demo, clone, tmp_path):
+def help_examples(clone: Path) -> set[str]:
+    """The example commands of each ``--help`` text: the indented lines under
+    ``examples:``, a line ending in a backslash joined to the next."""
+    found = set()
+    for command in ("", "demo", "scenario", "engine"):
+        text = run(f".venv/bin/mcp-resumption {command} --help", clone).stdout
+        if "\nexamples:\n" not in text:
+            continue
+        lines = []
+        for line in text.split("\nexamples:\n", 1)[1].splitlines():
+            if not line.startswith("  "):
+                break
+            lines.append(line[2:])
+        found |= set("\n".join(lines).replace("\\\n", "\0").split("\n"))
+    return {example.replace("\0", "\\\n") for example in found}
+
+
+def in_demo_venv(clone: Path) -> dict[str, str]:
+    return {"PATH": f"{clone / '.venv' / 'bin'}:{clean_env()['PATH']}"}
+
+
+def test_every_help_example_is_one_that_this_file_runs(demo, clone):
+    assert help_examples(clone) == HELP_EXAMPLES
+    # HELP_DEMO is DEMO's last command, which the demo fixture ran
+    assert DEMO.endswith(f".venv/bin/{HELP_DEMO}")
+
+
+def test_help_example_one_scenario_as_json(demo, clone):
+    [row] = json.loads(run(HELP_JSON, clone, **in_demo_venv(clone)).stdout)
+    assert row["scenario"] == "drain_race" and row["pass"], row
+
+
+def test_help_example_one_scenario_under_opentelemetry_instrument(demo, clone):
+    """It used to set only the traces exporter: the others' default (OTLP
+    over gRPC) is not installed with the demo, so the SDK's configuration
+    failed and the scenario ran without the plugin, exiting 0."""
+    result = run(HELP_SCENARIO, clone, **in_demo_venv(clone))
+    assert "not found" not in result.stderr, result.stderr
+    for kind in ("drain_race", "orphaned_request"):
+        assert f'"mcp.resumption.gap.kind": "{kind}"' in result.stdout
+    assert "mcp-resumption verdict: gap " in result.stderr
+
+
+@pytest.mark.parametrize("command", [SCRAPE_TARGET, HELP_SCRAPE])
+def test_demo_as_a_scrape_target(demo, clone, tmp_path, command):
     port = free_port()
-    command = SCRAPE_TARGET.replace("9464", str(port))
     log = tmp_path / "stderr"
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            shlex.split(command),
+            ["bash", "-c", command.replace("9464", str(port))],
             cwd=clone,
-            env=clean_env(),
+            env=clean_env(**in_demo_venv(clone)),
             stdout=subprocess.DEVNULL,
             stderr=stderr,
+            start_new_session=True,  # bash and the demo: one group to stop
         )
     try:
         deadline, scraped = time.monotonic() + 180, ""
@@ -226,7 +283,7 @@ def test_demo_as_a_scrape_target(demo, clone, tmp_path):
         assert "mcp_client_resumption_gaps_total{" in scraped
         assert process.poll() is None, "--hold keeps the endpoint up"
     finally:
-        process.terminate()
+        os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
 
 

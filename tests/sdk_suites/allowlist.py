@@ -40,10 +40,10 @@ ALLOWED: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
         ),
         "tests/client/test_streamable_http.py::"
         "test_a_non_resumable_sse_drop_resolves_the_request_with_an_error": (
-            ("orphaned_request",),
-            "the request's stream dies having carried no event id: nothing can resume it, "
-            "the SDK answers the call with CONNECTION_CLOSED and nothing re-issues it: lost "
-            "(the break is not_resumable)",
+            ("subscription_lost",),
+            "the request is a subscriptions/listen whose stream dies having carried no event "
+            "id and no result: a subscription lost (not a call: no fate, no orphaned_request), "
+            "and the SDK answers it with CONNECTION_CLOSED",
         ),
         "tests/client/test_streamable_http.py::"
         "test_default_sse_limit_fails_one_large_tool_call_and_keeps_the_session_usable": (

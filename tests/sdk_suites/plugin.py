@@ -5,7 +5,13 @@ Loaded with ``-p plugin`` (``tests/sdk_suites`` on ``PYTHONPATH``) by
 ``tests/sdk_suites/run.py``.  ``MCP_RESUMPTION_SUITE_MODE`` is ``off`` (not
 instrumented at all), ``observe`` or ``enforce``; ``MCP_RESUMPTION_SUITE_OUT``
 is the JSON file written at the end: every test's result, and every resume
-attempt and gap, each attributed to the test that started the resume.
+attempt and gap, each attributed to the test that sent the request it is
+about (a lost call, a lost subscription) or started the resume, whenever it
+was reported: during the test, after it (a window that ended later) or at the
+session's end, where what still waits is decided as at a process's exit.
+``counted`` gives the plugin's own counters, so that ``run.py`` can check
+that every gap counted was also seen as an event (none hidden by the log
+budget).
 
 In observe and enforce mode the server half (``McpResumptionServerInstrumentor``,
 guard off) is instrumented too: the SDK's server tests must give the same
@@ -35,10 +41,41 @@ _server_gaps: list[dict[str, Any]] = []
 _instrumentor: Any = None
 _server_instrumentor: Any = None
 _server_reader: Any = None
+_client_reader: Any = None
+# (server.address, server.port, jsonrpc.request.id) -> the test that sent it
+_opened: dict[tuple[Any, Any, str], str] = {}
+
+
+def _remember_requests(processor: Any) -> None:
+    """Wrap the owner's begin_request to note which test sent each request."""
+    from opentelemetry.instrumentation.mcp_resumption.facts import exported_request_id
+    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
+
+    original = processor.begin_request
+
+    def begin_request(facts, attributes=None):
+        requests = requests_in(facts.body) if facts.body is not None else facts.requests
+        with _lock:
+            for key, _method in requests or ():
+                _opened[(facts.host, facts.port, exported_request_id(key))] = _current[0]
+        return original(facts, attributes)
+
+    processor.begin_request = begin_request
+
+
+def _test_of(attributes: dict, span_id: int) -> str:
+    """The test a gap belongs to: the one that sent its request, else the one
+    that started its resume, else the one running."""
+    request_id = attributes.get("jsonrpc.request.id")
+    if request_id is not None:
+        key = (attributes.get("server.address"), attributes.get("server.port"), request_id)
+        if key in _opened:
+            return _opened[key]
+    return _by_span.get(span_id, _current[0])
 
 
 def _start() -> None:
-    global _instrumentor, _server_instrumentor, _server_reader
+    global _instrumentor, _server_instrumentor, _server_reader, _client_reader
     from opentelemetry.sdk._logs import LoggerProvider, LogRecordProcessor
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -83,7 +120,7 @@ def _start() -> None:
                     _server_gaps.append({"test": _current[0], **attributes})
                 return
             with _lock:
-                test = _by_span.get(record.span_id, _current[0])
+                test = _test_of(attributes, record.span_id)
                 _gaps.append(
                     {
                         "test": test,
@@ -107,7 +144,8 @@ def _start() -> None:
     tracer_provider.add_span_processor(Spans())
     logger_provider = LoggerProvider()
     logger_provider.add_log_record_processor(Gaps())
-    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    _client_reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[_client_reader])
     _instrumentor = McpResumptionInstrumentor()
     _instrumentor.instrument(
         mode=MODE,
@@ -115,6 +153,7 @@ def _start() -> None:
         meter_provider=meter_provider,
         logger_provider=logger_provider,
     )
+    _remember_requests(_instrumentor.processor)
     from opentelemetry.instrumentation.mcp_resumption.server import (
         McpResumptionServerInstrumentor,
     )
@@ -162,28 +201,55 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _results[report.nodeid] = outcome
 
 
-def _server_outcomes() -> dict[str, int]:
+def _totals(reader: Any, name: str, attribute: str | None) -> dict[str, int]:
+    """A counter's totals by one attribute's value (all under "all" without one)."""
     totals: dict[str, int] = {}
-    data = _server_reader.get_metrics_data() if _server_reader is not None else None
+    data = reader.get_metrics_data() if reader is not None else None
     for resource in data.resource_metrics if data else ():
         for scope in resource.scope_metrics:
             for metric in scope.metrics:
-                if metric.name == "mcp.server.resumption.requests":
+                if metric.name == name:
                     for point in metric.data.data_points:
-                        outcome = str(point.attributes.get("mcp.resumption.outcome"))
-                        totals[outcome] = totals.get(outcome, 0) + int(point.value)
-    return {outcome: total for outcome, total in totals.items() if total}
+                        value = str(point.attributes.get(attribute)) if attribute else "all"
+                        totals[value] = totals.get(value, 0) + int(point.value)
+    return {value: total for value, total in totals.items() if total}
+
+
+def _server_outcomes() -> dict[str, int]:
+    return _totals(_server_reader, "mcp.server.resumption.requests", "mcp.resumption.outcome")
+
+
+def _counted() -> dict[str, dict[str, int]]:
+    """What the client half counted: gaps by kind (lost subscriptions on
+    their own counter, as the gap kind they are), fates, operations' errors."""
+    gaps = _totals(_client_reader, "mcp.client.resumption.gaps", "mcp.resumption.gap.kind")
+    lost = _totals(_client_reader, "mcp.client.resumption.lost_subscriptions", None)
+    if lost:
+        gaps["subscription_lost"] = lost["all"]
+    return {
+        "gaps": gaps,
+        "fates": _totals(
+            _client_reader, "mcp.client.resumption.broken_requests", "mcp.resumption.request.fate"
+        ),
+    }
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if OUT is None or os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    processor = getattr(_instrumentor, "processor", None)
+    if processor is not None:
+        # What still waits (a window not yet over) is decided now, as at exit,
+        # and attributed to the test that sent it.
+        _current[0] = "<session end>"
+        processor.stop_waiting("the test session ended")
     with _lock:
         data = {
             "mode": MODE,
             "results": _results,
             "gaps": list(_gaps),
             "attempts": list(_attempts),
+            "counted": _counted() if processor is not None else {},
             "server": {"outcomes": _server_outcomes(), "gaps": list(_server_gaps)},
         }
     with open(OUT, "w", encoding="utf-8") as out:

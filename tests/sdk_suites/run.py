@@ -165,6 +165,16 @@ def check(major: str, version: str, runs: dict[str, dict]) -> list[str]:
                 problems.append(
                     f"mcp {version} {mode}: allowed gap {sorted(missing)} no longer seen in {test}"
                 )
+        # Every gap the plugin counted was reported as an event and attributed
+        # to a test: none hidden by the log budget, none reported after the end.
+        logged: dict[str, int] = {}
+        for gap in runs[mode]["gaps"]:
+            logged[gap["kind"]] = logged.get(gap["kind"], 0) + 1
+        counted = runs[mode].get("counted", {}).get("gaps", {})
+        if counted != logged:
+            problems.append(
+                f"mcp {version} {mode}: gaps counted {counted} but reported as events {logged}"
+            )
         for attempt in runs[mode]["attempts"]:
             gaps = attempt["gaps"]
             if gaps and attempt["outcome"] in ("resumed", "caught_up"):
@@ -207,7 +217,8 @@ def main() -> int:
             f"sdk suite mcp {version}: {len(runs[version]['off']['results'])} tests per mode, "
             f"{len(observed['attempts'])} resume attempts and {len(observed['gaps'])} gaps "
             f"in observe mode ({len(ALLOWED.get(major, {}))} tests allowed a true gap, "
-            f"{len(KNOWN_FALSE.get(major, {}))} known false)"
+            f"{len(KNOWN_FALSE.get(major, {}))} known false); counted "
+            f"{observed.get('counted')}"
         )
         server = observed.get("server", {})
         print(

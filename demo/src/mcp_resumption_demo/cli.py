@@ -27,8 +27,9 @@ client or server of your own.  `mcp-resumption COMMAND --help` says more.
 
 DEMO_DESCRIPTION = """\
 Run every scenario on real MCP servers on 127.0.0.1 (the installed MCP Python
-SDK's, hand-written legacy and misbehaving fleet instances, and the TypeScript
-MCP SDK's when node is installed) behind a router that severs and re-routes
+SDK's; hand-written legacy HTTP+SSE servers and misbehaving streamable-HTTP
+ones, as a load-balanced deployment has in the middle of a migration; and the
+TypeScript MCP SDK's when node is installed) behind a router that severs and re-routes
 streams, with the plugin enabled; print each scenario's written ground truth
 beside what the plugin detected.  Exits 0 only if every scenario that ran
 matches it.
@@ -41,7 +42,7 @@ your own client, to see what the plugin reports.  `--list` lists the names.
 """
 
 ENGINE_DESCRIPTION = """\
-Play the seeds' scenarios straight into the plugin's pure rules: no network,
+Play the demo's scenarios straight into the plugin's pure rules: no network,
 milliseconds.  Prints the same table as `demo`.
 """
 
@@ -53,7 +54,11 @@ examples:
   mcp-resumption demo
   mcp-resumption demo --scenario drain_race --json
   mcp-resumption demo --prometheus-port 9464 --hold 600
-  OTEL_TRACES_EXPORTER=console opentelemetry-instrument mcp-resumption scenario drain_race
+  OTEL_TRACES_EXPORTER=console OTEL_METRICS_EXPORTER=console OTEL_LOGS_EXPORTER=console \\
+    opentelemetry-instrument mcp-resumption scenario drain_race
+
+(Every exporter is set: their default, OTLP over gRPC, is not installed with
+the demo, and without it opentelemetry-instrument loads no plugin at all.)
 """
 
 
@@ -110,7 +115,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     raw = argparse.RawDescriptionHelpFormatter
     engine = commands.add_parser(
         "engine",
-        help="play the seeds' scenarios straight into the pure rules",
+        help="play the demo's scenarios straight into the pure rules",
         description=ENGINE_DESCRIPTION,
         formatter_class=raw,
     )

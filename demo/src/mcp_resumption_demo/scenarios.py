@@ -856,7 +856,8 @@ _SCENARIOS: Final = (
     Scenario(
         name="migration_reset",
         happened=(
-            "Seed 000. A client on the legacy instance (global ids 4817..4821, session from "
+            "A migration from legacy HTTP+SSE to streamable HTTP behind one load balancer. "
+            "A client on the legacy instance (global ids 4817..4821, session from "
             "the endpoint event) is cut by the idle timeout after the tools/call result, "
             "reconnects on the streamable endpoint with Last-Event-ID: 4821 and its legacy "
             "session id, reaches an instance that does not know the session: 200, a fresh "
@@ -869,7 +870,8 @@ _SCENARIOS: Final = (
     Scenario(
         name="shared_allocator_reuse",
         happened=(
-            "Seed 000, second observation. The migrated listener honours session and cursor "
+            "The same migration, failing another way. The migrated listener honours session "
+            "and cursor "
             "but numbers with a per-session counter seeded off by one: the first event after "
             "Last-Event-ID: 4821 is id 4821 again with new content, and the client, which "
             "deduplicates by id, drops it."
@@ -881,7 +883,8 @@ _SCENARIOS: Final = (
     Scenario(
         name="drain_race",
         happened=(
-            "Seed 004. Legacy session s-77 receives e-100..e-104, e-104 being the search_index "
+            "A server that bridges legacy sessions onto streamable HTTP, and cuts idle "
+            "streams. Legacy session s-77 receives e-100..e-104, e-104 being the search_index "
             "result; the idle timeout cuts the stream right after e-104 while the handler for "
             "it is still running, and cancels it. The client resumes on the streamable "
             "endpoint with Mcp-Session-Id: s-77 and Last-Event-ID: e-104; the bridging "
@@ -894,7 +897,8 @@ _SCENARIOS: Final = (
     Scenario(
         name="empty_replay",
         happened=(
-            "Seed 000, decision boundary. The instance knows the session but not the cursor "
+            "The same migration, where a 200 proves nothing. The instance knows the session "
+            "but not the cursor "
             "and answers 200 with a stream that ends without any event or marker; the "
             f"client's reconnect loop tries {_EMPTY_RETRIES} times, empty each time."
         ),

@@ -99,7 +99,8 @@ SCENARIOS = (
     Scenario(
         name="store_reset_guarded",
         happened=(
-            "Seed 000 with the server guard on (OTEL_PYTHON_MCP_RESUMPTION_SERVER_GUARD="
+            "The migration's empty replay (empty_replay), with the server guard on "
+            "(OTEL_PYTHON_MCP_RESUMPTION_SERVER_GUARD="
             "reject). The client's session lives on, but the store behind it was swapped: "
             "its cursor is unknown. Instead of 200 and an empty stream (empty_replay), the "
             "SDK server answers 410 Gone; the client re-initialises. Nothing was in flight."

@@ -287,7 +287,7 @@ def _answer(message: object) -> list[str]:
         return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": value})
 
     if method == "initialize":
-        info = {"name": "legacy-fleet", "version": "0.1"}
+        info = {"name": "legacy-instance", "version": "0.1"}
         capabilities = {"tools": {"listChanged": False}, "logging": {}}
         version = {"protocolVersion": LEGACY_PROTOCOL_VERSION}
         return [result({**version, "capabilities": capabilities, "serverInfo": info})]

@@ -22,26 +22,25 @@ TracerProvider.  Every resume (a request carrying ``Last-Event-ID``) gets an
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from . import config
-from .continuity import (
-    ResumeCursorRaceError,
-    ResumptionGapError,
-    StreamCursor,
-    verify_resumption,
-)
 from .package import _instruments
-from .patches import Installation
-from .patches import http as http_patches
-from .patches import mcp_sdk as mcp_sdk_patches
-from .patches import sse as sse_patches
-from .processor import ContinuityProcessor
 from .version import __version__
+
+if TYPE_CHECKING:
+    from .continuity import (
+        ResumeCursorRaceError,
+        ResumptionGapError,
+        StreamCursor,
+        verify_resumption,
+    )
+    from .patches import Installation
+    from .processor import ContinuityProcessor
 
 __all__ = [
     "ContinuityProcessor",
@@ -54,6 +53,25 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
+
+# The public names that live in the client half's modules, and their module:
+# imported when first asked for.  Importing this package must not load the
+# client half: the server half's entry point (a submodule) imports it, as does
+# the pre-instrument hook, in processes where the client half is disabled.
+_LAZY = {
+    "ContinuityProcessor": "processor",
+    "ResumeCursorRaceError": "continuity",
+    "ResumptionGapError": "continuity",
+    "StreamCursor": "continuity",
+    "verify_resumption": "continuity",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 class McpResumptionInstrumentor(BaseInstrumentor):
@@ -82,6 +100,13 @@ class McpResumptionInstrumentor(BaseInstrumentor):
             self._remove()
 
     def _install(self, **kwargs: Any) -> None:
+        from . import config
+        from .patches import Installation
+        from .patches import http as http_patches
+        from .patches import mcp_sdk as mcp_sdk_patches
+        from .patches import sse as sse_patches
+        from .processor import ContinuityProcessor
+
         processor = kwargs.get("processor")
         if processor is None:
             settings = config.load(

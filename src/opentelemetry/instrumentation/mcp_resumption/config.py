@@ -3,7 +3,10 @@
 """``OTEL_PYTHON_MCP_RESUMPTION_*`` settings.
 
 An invalid value never stops the host: it logs one warning naming the
-variable and the accepted values, and the default applies.
+variable and the accepted values, and the default applies.  One warning per
+process: the settings are read more than once (the client half, the server
+half, each ``instrument()`` cycle), and a repeated line would read as a
+second mistake.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from dataclasses import dataclass
 from .continuity import ReplayContract
 
 _logger = logging.getLogger(__name__)
+# (variable, value) pairs warned about already: a logging de-dup for the
+# process, as the patches' fault log is, not a setting.
+_warned: set[tuple[str, str]] = set()
 
 MODE = "OTEL_PYTHON_MCP_RESUMPTION_MODE"
 REPLAY_CONTRACT = "OTEL_PYTHON_MCP_RESUMPTION_REPLAY_CONTRACT"
@@ -48,11 +54,20 @@ class Settings:
         return self.mode == "enforce"
 
 
+def _warn(name: str, value: object, message: str, *args: object) -> None:
+    """Log ``message`` unless this variable with this value was warned about."""
+    key = (name, repr(value))
+    if key in _warned:
+        return
+    _warned.add(key)
+    _logger.warning(message, name, value, *args)
+
+
 def _choice(name: str, value: object, accepted: tuple[str, ...], default: str) -> str:
     text = str(value).strip().lower()
     if text in accepted:
         return text
-    _logger.warning("%s=%r is not one of %s; using %r", name, value, ", ".join(accepted), default)
+    _warn(name, value, "%s=%r is not one of %s; using %r", ", ".join(accepted), default)
     return default
 
 
@@ -64,7 +79,7 @@ def _number(name: str, value: object, default: float, *, integer: bool) -> float
     if number > 0 and math.isfinite(number):
         return number
     kind = "a positive integer" if integer else "a positive number of seconds"
-    _logger.warning("%s=%r is not %s; using %r", name, value, kind, default)
+    _warn(name, value, "%s=%r is not %s; using %r", kind, default)
     return default
 
 
@@ -75,15 +90,17 @@ def _pattern(name: str, value: object) -> re.Pattern[str] | None:
         try:
             pattern = re.compile(str(value))
         except re.error as error:
-            _logger.warning(
+            _warn(
+                name, value,
                 "%s=%r is not a regular expression (%s); event ids are classified by their shape",
-                name, value, error,
+                error,
             )
             return None
     if "counter" not in pattern.groupindex:
-        _logger.warning(
+        _warn(
+            name, value,
             "%s=%r has no named group 'counter' (and optionally 'stream'); event ids are "
-            "classified by their shape", name, value,
+            "classified by their shape",
         )
         return None
     return pattern

@@ -648,6 +648,12 @@ class ResumeCheck:
         return []
 
     @property
+    def awaiting(self) -> int:
+        """Calls this attempt was to answer that are neither answered nor
+        decided yet: what its verdict cannot yet count as lost or not."""
+        return len(self._pending) + len(self.orphans)
+
+    @property
     def replaced(self) -> bool:
         """The resumed stream is not the one that broke (a new session or a
         reset counter)."""

@@ -53,13 +53,28 @@ class RequestFacts:
     # a POST answered with JSON never needs them, and the parse was a third
     # of what the plugin added to such a request.
     body: bytes | None = field(default=None, repr=False)
+    # When it was sent (time.monotonic()): where an operation's duration starts.
+    started: float = 0.0
+    # 2026-07-28's Mcp-Method and Mcp-Name headers: the one request's method
+    # and the tool it calls, without a parse of the body.
+    mcp_method: str | None = None
+    mcp_name: str | None = None
+    # The tool each tools/call of the body names, by id key, once parsed.
+    tools: dict[str, str] | None = field(default=None, repr=False)
 
     def ledger(self) -> list[tuple[str, str]] | None:
         """The JSON-RPC requests in the body (see ``requests``)."""
         if self.body is not None:
-            self.requests = requests_in(self.body)
+            self.tools = {}
+            self.requests = requests_in(self.body, self.tools)
             self.body = None
         return self.requests
+
+    def tool(self, key: str) -> str | None:
+        """The tool the tools/call ``key`` of this request names."""
+        if self.tools:
+            return self.tools.get(key)
+        return self.mcp_name
 
 
 class StreamContext:
@@ -75,6 +90,7 @@ class StreamContext:
         "facts",
         "feed",
         "reader",
+        "said",
         "span",
         "started",
         "status",
@@ -93,6 +109,9 @@ class StreamContext:
         self.error: ResumptionGapError | None = None
         self.deadline: list | None = None
         self.decided = 0.0  # when the verdict was given (the attempt may close later)
+        # (outcome, gap kinds) of the verdict line written when it was decided:
+        # the attempt's close writes another only if its final verdict differs.
+        self.said: tuple[str, tuple[str, ...]] | None = None
         # Events read but not yet added to the totals, and when they last were.
         self.uncounted = 0
         self.counted_at = time.monotonic()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import NamedTuple
 
 # JSON-RPC ids are chosen by the peer, the server's at any length: a key over
@@ -110,9 +111,12 @@ def _messages(text: str | bytes | None) -> list[dict] | None:
     return []
 
 
-def requests_in(text: str | bytes | None) -> list[tuple[str, str]] | None:
+def requests_in(
+    text: str | bytes | None, tools: dict[str, str] | None = None
+) -> list[tuple[str, str]] | None:
     """(id key, method) of every request (not notification) in a body;
-    ``None`` when the body could not be read."""
+    ``None`` when the body could not be read.  ``tools``, if given, gets the
+    tool each ``tools/call`` names, by id key (the same parse)."""
     messages = _messages(text)
     if messages is None:
         return None
@@ -122,7 +126,50 @@ def requests_in(text: str | bytes | None) -> list[tuple[str, str]] | None:
         key = request_key(message.get("id"))
         if isinstance(method, str) and key is not None:
             found.append((key, method[:64]))
+            if tools is not None and method == TOOLS_CALL:
+                params = message.get("params")
+                name = params.get("name") if isinstance(params, dict) else None
+                if isinstance(name, str):
+                    tools[key] = name[:MAX_TOOL_NAME]
     return found
+
+
+# What error.type says of an answer that is a tool's own error (a result with
+# isError true), as the MCP conventions name it.
+TOOL_ERROR = "tool_error"
+# Where a text may hold such a result: the SDKs write "isError":false into
+# every tool result, so the key alone would parse each one.  JSON allows
+# whitespace around the colon.
+_TOOL_FAILED = re.compile(r'"isError"\s*:\s*true')
+_TOOL_FAILED_BYTES = re.compile(rb'"isError"\s*:\s*true')
+
+
+def answer_errors(text: str | bytes | None) -> dict[str, str]:
+    """Id key -> ``error.type`` of every answer in ``text`` that failed: the
+    JSON-RPC error's code as text, or ``tool_error`` for a tool result with
+    ``isError`` true.  Answers that succeeded are not in it.  Parses only a
+    text that may hold such an answer."""
+    if not text:
+        return {}
+    if isinstance(text, bytes):
+        if b'"error"' not in text and not _TOOL_FAILED_BYTES.search(text):
+            return {}
+    elif '"error"' not in text and not _TOOL_FAILED.search(text):
+        return {}
+    failed = {}
+    for message in _messages(text) or ():
+        key = request_key(message.get("id"))
+        if key is None or "method" in message:
+            continue
+        error = message.get("error")
+        result = message.get("result")
+        if isinstance(error, dict):
+            code = error.get("code")
+            numeric = isinstance(code, int) and not isinstance(code, bool)
+            failed[key] = str(code) if numeric else "_OTHER"
+        elif isinstance(result, dict) and result.get("isError") is True:
+            failed[key] = TOOL_ERROR
+    return failed
 
 
 class Call(NamedTuple):

@@ -54,6 +54,7 @@ from .facts import (
     transport_of,
 )
 from .forks import renew_after_fork
+from .jsonrpc import LISTEN, TOOLS_LIST, answer_errors
 from .redaction import Redaction
 from .telemetry import EVENTS_BATCH, EVENTS_BATCH_SECONDS, TelemetrySink
 from .tracker import NOTHING, Step, Tracker, bounded_id
@@ -149,12 +150,6 @@ class ResumptionMonitor:
         # the request it redirects: the re-sent body is a stream
         # ``request.content`` cannot give.
         self.redirected: weakref.WeakKeyDictionary[Any, list[tuple[str, str]]] = (
-            weakref.WeakKeyDictionary()
-        )
-        # POSTs answered with JSON whose answer is read when the client closes
-        # the response (its body read by then): the tools/list answers, and
-        # answers a watched re-issue waits for.
-        self.json_answers: weakref.WeakKeyDictionary[Any, RequestFacts] = (
             weakref.WeakKeyDictionary()
         )
         # How many frames above the close patch's check a reader's frame was
@@ -306,7 +301,9 @@ class ResumptionMonitor:
         if not event_stream:
             if facts.legacy_session_id and status < 300 and (requests := facts.ledger()) != []:
                 # Legacy transport: the answer comes on the session's GET stream.
-                self.tracker.request_sent(facts.server, facts.legacy_session_id, requests)
+                self.tracker.request_sent(
+                    facts.server, facts.legacy_session_id, requests, operation=facts
+                )
             if resume is None:
                 return None
         if resume is not None and self._is_hop(facts, status, event_stream):
@@ -314,23 +311,31 @@ class ResumptionMonitor:
             return None
         return self._open(facts, resume, status, response_session_id, event_stream)
 
-    def reads_answer(self, facts: RequestFacts, status: int) -> bool:
-        """Whether the JSON answer of this POST is worth reading when the
-        client closes it: it lists the tools (their hints), or a re-issue
-        waits for answers.  A substring and a flag: every JSON POST asks."""
-        body = facts.body
-        return (
-            status < 300
-            and body is not None
-            and (b'"tools/list"' in body or self.tracker.watches_reissues)
-        )
-
-    def json_answered(self, facts: RequestFacts, answer: bytes) -> None:
-        """The JSON answer of a POST that ``end_request`` chose to read."""
-        if self.enabled and facts.body is not None:
+    def json_answered(self, facts: RequestFacts, answer: bytes, status: int) -> None:
+        """The JSON answer of an MCP POST, read when the client closed it:
+        the operations it ends, the tools/list hints and the answers a
+        watched re-issue waits for."""
+        body = facts.body  # None: parsed already, or a redirect's hop
+        if not self.enabled or (body is None and not facts.requests):
+            return
+        if body is not None:
+            lists_tools = b'"tools/list"' in body
+        else:
+            lists_tools = any(method == TOOLS_LIST for _, method in facts.requests or ())
+        if lists_tools or self.tracker.watches_reissues:
             session_id = facts.session_id or facts.legacy_session_id
-            self.tracker.json_answered(facts.server, session_id, facts.path, facts.body, answer)
+            self.tracker.json_answered(facts.server, session_id, facts.path, lists_tools, answer)
             self._report_ran_twice()
+        failed = answer_errors(answer)
+        rejected = str(status) if status >= 400 else None
+        if facts.mcp_method is not None and body is not None and b'"id"' in body:
+            # 2026-07-28 names the one request's method in a header: no parse.
+            error = next(iter(failed.values()), rejected)
+            self.telemetry.operation(facts.mcp_method, None, facts, error)
+            return
+        for key, method in facts.ledger() or ():
+            if method != LISTEN:
+                self.telemetry.operation(method, key, facts, failed.get(key, rejected))
 
     def promote(self, context: StreamContext, event_type: str) -> bool:
         """A candidate stream's first event: an ``endpoint`` event makes it a
@@ -366,6 +371,7 @@ class ResumptionMonitor:
             path=facts.path,
             body=body,
             sent=requests if requests != [] and event_stream else (),
+            operation=facts,
         )
         self._deferred.start()  # its iterator may be finalised by the GC
         # This resume took over the requests that earlier attempts handed to
@@ -436,6 +442,8 @@ class ResumptionMonitor:
                 self.tracker.bind_session(context.stream, session_id)
             return
         step = self.tracker.event_received(context.stream, event_id, data)
+        if self.tracker.operations_done:
+            self._operations_ended()
         if step is not NOTHING:
             self._apply(context, step)
             if context.error is not None:
@@ -457,6 +465,8 @@ class ResumptionMonitor:
         if not self.enabled:
             return
         step = self.tracker.fed_event(context.stream, feed.normalise, sse)
+        if self.tracker.operations_done:
+            self._operations_ended()
         if step is not NOTHING:
             self._apply(context, step)
             if context.error is not None:
@@ -510,6 +520,8 @@ class ResumptionMonitor:
             held_open=held_open,
         )
         self._settle_end(context, step)
+        if self.tracker.operations_done:
+            self._operations_ended()
         if self.tracker.ran_twice_found:
             self._report_ran_twice()
 
@@ -613,10 +625,14 @@ class ResumptionMonitor:
         if step.lost_subscriptions:
             self._deadlines.add(self.settings.confirm_timeout, self._subscriptions_due)
         if step.not_resumable:
-            self.telemetry.not_resumable(context)
+            self.telemetry.not_resumable(context, awaiting=len(step.broke))
         if step.verdict is not None:
             self._deadlines.cancel(context.deadline)
             context.decided = time.monotonic()
+            # Its calls still in flight, and those it handed out to their
+            # fates in this same step.
+            awaiting = (check.awaiting if check is not None else 0) + len(step.broke)
+            self.telemetry.decided(context, step.verdict, awaiting)
         if step.final is not None:
             # The attempt is over: one outcome, with every gap it had.
             self.telemetry.finish(
@@ -649,9 +665,11 @@ class ResumptionMonitor:
         self._fated(step, context)
 
     def _fated(self, step: Step, context: StreamContext | None = None) -> None:
-        """Report the fates a step decided, close the attempts that waited
-        for them, and time the reissue windows it started; ``context``: the
-        stream the step was observed on."""
+        """Report the fates a step decided and the operations it ended, close
+        the attempts that waited for them, and time the reissue windows it
+        started; ``context``: the stream the step was observed on."""
+        if self.tracker.operations_done:
+            self._operations_ended()
         if step is NOTHING:
             return
         for decided in step.fates:
@@ -670,6 +688,10 @@ class ResumptionMonitor:
                 self.telemetry.finish(held, final, check.cursor.transport if check else None)
         if step.window:
             self._deadlines.add(self.settings.confirm_timeout, self._fates_due)
+
+    def _operations_ended(self) -> None:
+        for method, key, facts, error in self.tracker.take_operations():
+            self.telemetry.operation(method, key, facts, error)
 
     def _fates_due(self) -> None:
         self._fated(self.tracker.fates_due(self.settings.confirm_timeout))

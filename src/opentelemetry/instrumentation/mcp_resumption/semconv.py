@@ -36,6 +36,7 @@ SCHEMA_URL = "https://opentelemetry.io/schemas/1.39.0"
 MCP_SESSION_ID = "mcp.session.id"
 MCP_PROTOCOL_VERSION = "mcp.protocol.version"
 MCP_METHOD_NAME = "mcp.method.name"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
 JSONRPC_REQUEST_ID = "jsonrpc.request.id"
 
 # -- attributes of our own: the conventions have none for resumption (README, "Names")
@@ -135,6 +136,30 @@ DUPLICATE_RUNS = (
     "{call}",
     "Re-issued calls whose first attempt was answered too: proven to have run twice",
 )
+# The MCP semantic conventions' client metric (semantic-conventions-genai,
+# Development stability): one point per request that got an answer or a fate.
+OPERATION_DURATION = (
+    "mcp.client.operation.duration",
+    "s",
+    "The duration of the MCP request as observed on the sender from the time it was "
+    "sent until the response is received",
+)
+# The boundaries the conventions recommend for it.
+OPERATION_BUCKETS = (
+    0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+# mcp.method.name on it: the methods a client sends; any other is "_OTHER",
+# so that a peer cannot make the metric's series unbounded.
+CLIENT_METHODS = frozenset(
+    {
+        "initialize", "ping", "server/discover", "tools/list", "tools/call",
+        "resources/list", "resources/templates/list", "resources/read",
+        "resources/subscribe", "resources/unsubscribe", "prompts/list", "prompts/get",
+        "completion/complete", "logging/setLevel", "tasks/get", "tasks/list",
+        "tasks/result", "tasks/cancel",
+    }
+)  # fmt: skip
+OTHER = "_OTHER"
 EVICTED_STREAMS = (
     "mcp.client.resumption.evicted_streams",
     "{stream}",

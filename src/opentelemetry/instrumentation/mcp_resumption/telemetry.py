@@ -37,6 +37,7 @@ from .facts import (
 )
 from .fates import Broken, Decided
 from .forks import renew_after_fork
+from .jsonrpc import MAX_TOOL_NAME
 from .redaction import Redaction
 from .subscriptions import LostSubscription
 from .verdict_log import server_name, verdicts
@@ -185,6 +186,9 @@ class Instruments:
         self.lost_subscriptions = meter.create_counter(*sc.LOST_SUBSCRIPTIONS)
         self.reissues = meter.create_counter(*sc.REISSUES)
         self.duplicate_runs = meter.create_counter(*sc.DUPLICATE_RUNS)
+        self.operation_duration = meter.create_histogram(
+            *sc.OPERATION_DURATION, explicit_bucket_boundaries_advisory=sc.OPERATION_BUCKETS
+        )
         self.event_totals = EventTotals()
         name, unit, description = sc.STREAM_EVENTS
         meter.create_observable_counter(
@@ -256,6 +260,7 @@ class TelemetrySink:
         self._lost_subscriptions = instruments.lost_subscriptions
         self._reissues = instruments.reissues
         self._duplicate_runs = instruments.duplicate_runs
+        self._operation_duration = instruments.operation_duration
         self.event_totals = instruments.event_totals
         self.evictions = instruments.evictions
         self._events_logger = get_logger(
@@ -404,6 +409,38 @@ class TelemetrySink:
             self._reissue(context, decided)
         if decided.gap is not None:
             self.gap(attempt or context, decided.gap)
+            server = server_name(context.facts.host, context.facts.port)
+            verdicts.finding(
+                server,
+                "",
+                "mcp-resumption lost call: server=%s method=%s request=%s: its stream broke "
+                "and its answer never came (%s); re-issue it",
+                server,
+                decided.broken.method or "-",
+                exported_request_id(decided.broken.key),
+                decided.gap.observed,
+            )
+
+    # ------------------------------------------------------ operations
+
+    def operation(
+        self, method: str, key: str | None, facts: RequestFacts, error: str | None
+    ) -> None:
+        """One request ended, by its answer or its fate: its duration from
+        when it was sent, as the MCP conventions name it."""
+        attributes: dict[str, Any] = {
+            sc.MCP_METHOD_NAME: method if method in sc.CLIENT_METHODS else sc.OTHER,
+            **server_attributes(facts),
+        }
+        if method == "tools/call":
+            tool = facts.tool(key) if key is not None else facts.mcp_name
+            if tool:
+                attributes[sc.GEN_AI_TOOL_NAME] = tool[:MAX_TOOL_NAME]
+        if error is not None:
+            attributes[sc.ERROR_TYPE] = error
+        if facts.protocol_version:
+            attributes[sc.MCP_PROTOCOL_VERSION] = facts.protocol_version[:32]
+        self._operation_duration.record(max(0.0, time.monotonic() - facts.started), attributes)
 
     # ------------------------------------------------------ subscriptions, re-issues
 
@@ -476,9 +513,27 @@ class TelemetrySink:
             exported_request_id(broken.key),
         )
 
-    def not_resumable(self, context: StreamContext) -> None:
+    def decided(self, context: StreamContext, verdict: Verdict, awaiting: int) -> None:
+        """An attempt's verdict was decided (at the first decisive fact: for
+        ``resumed``, the replay that proves it): its line now, with the
+        ``awaiting`` calls it still waits for; tallied when the attempt
+        closes (``finish``)."""
+        kinds = tuple(sorted({gap.kind.value for gap in verdict.gaps}))
+        context.said = (verdict.outcome.value, kinds)
+        verdicts.verdict(
+            server_name(context.facts.host, context.facts.port),
+            context.transport,
+            verdict.outcome.value,
+            (gap.kind.value for gap in verdict.gaps),
+            awaiting=awaiting,
+            tally=False,
+        )
+
+    def not_resumable(self, context: StreamContext, awaiting: int = 0) -> None:
         """A break with requests in flight that nothing resumed: an attempt
-        of its own, with no span (nothing was sent)."""
+        of its own, with no span (nothing was sent).  Its line counts the
+        ``awaiting`` calls whose fate is not known yet; each that is then
+        lost gets a line of its own (``fate``)."""
         self._attempts.add(
             1,
             {
@@ -491,6 +546,7 @@ class TelemetrySink:
             server_name(context.facts.host, context.facts.port),
             context.transport,
             Outcome.NOT_RESUMABLE.value,
+            awaiting=awaiting,
         )
 
     def finish(self, context: StreamContext, verdict: Verdict, previous: str | None) -> None:
@@ -513,6 +569,8 @@ class TelemetrySink:
             )
         self._replayed.record(verdict.replayed_events, base)
         check = context.stream.check if context.stream is not None else None
+        kinds = tuple(sorted({gap.kind.value for gap in verdict.gaps}))
+        said = context.said
         verdicts.verdict(
             server_name(context.facts.host, context.facts.port),
             context.transport,
@@ -521,6 +579,8 @@ class TelemetrySink:
             opaque_ids=verdict.first_event_id is not None
             and check is not None
             and check.cursor.known,
+            # Written when decided; again only if the final verdict differs.
+            line="" if said is None else None if said == (outcome, kinds) else " (final)",
         )
         span = context.span
         if span is not None:

@@ -46,12 +46,13 @@ from .continuity import (
     parse_event_id,
     reuses_id,
 )
-from .fates import Broken, BrokenLedger, Decided
+from .fates import Broken, BrokenLedger, Decided, Fate
 from .forks import renew_after_fork
 from .jsonrpc import (
     LISTEN,
     TOOLS_CALL,
     TOOLS_LIST,
+    answer_errors,
     calls_in,
     cancelled_in,
     canonical_digest,
@@ -76,6 +77,9 @@ MAX_WATCHED_REISSUES = 1024
 # cancellation; before it a disconnect SHOULD NOT be (2025-11-25), so the
 # first attempt of a re-issued call may run on.  Dates order as strings.
 CANCELS_ON_DISCONNECT = "2026-07-28"
+# error.type of an operation ended by its fate rather than by an answer
+# (values of ours: the conventions have none for a call that broke).
+FATE_ERRORS = {Fate.REISSUED: "reissued", Fate.LOST: "orphaned_request"}
 
 SSE = "sse"
 STREAMABLE_HTTP = "streamable-http"
@@ -331,6 +335,7 @@ class Session:
         "history_lost",
         "holders",
         "ledger_unknown",
+        "ops",
         "pending",
         "seen_digests",
         "seen_ids",
@@ -357,6 +362,9 @@ class Session:
         # on; None where any stream of the session may carry it, as in legacy
         # SSE); None until the first request, as most sessions hold few
         self.pending: dict[str, tuple[str, int | None]] | None = None
+        # request key -> (method, the caller's record of the request): the
+        # operations awaiting their answer or fate, to time them; None while none
+        self.ops: dict[str, tuple[str, Any]] | None = None
         # request key -> key of the resumed stream that ended holding it: its
         # lineage's deadline may orphan it only while no later stream took it
         self.holders: dict[str, int] | None = None
@@ -577,6 +585,9 @@ class Tracker:
         # counted before their window (a full ledger), until the caller takes them.
         self._ran_twice: list[Broken] = []
         self._ran_over: list[LostSubscription] = []
+        # Operations ended by an answer or a fate, until the caller takes them
+        # (``take_operations``); a list its readers test without the lock.
+        self.operations_done: list[tuple[str, str, Any, str | None]] = []
         renew_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -601,20 +612,33 @@ class Tracker:
         session_id: str | None,
         requests: Iterable[tuple[str, str]] | None,
         path: str | None = None,
+        operation: Any = None,
     ) -> None:
         """JSON-RPC requests POSTed in a session (or sessionless, to ``path``);
         ``None``: a body that was not read, so the ledger no longer knows
-        every request of the session."""
+        every request of the session.  ``operation``: the caller's record of
+        the request, handed back when its answer or fate ends it."""
         with self._lock:
-            self._sent(self._session(server, session_id, path), requests)
+            self._sent(self._session(server, session_id, path), requests, operation)
 
-    def _sent(self, session: Session, requests: Iterable[tuple[str, str]] | None) -> None:
+    def _sent(
+        self,
+        session: Session,
+        requests: Iterable[tuple[str, str]] | None,
+        operation: Any = None,
+    ) -> None:
         if requests is None:
             session.ledger_unknown = True
             return
         for key, method in requests:
-            if method == LISTEN and self.subscriptions:
-                self.subscriptions.listened(session.server)
+            if method == LISTEN:
+                if self.subscriptions:
+                    self.subscriptions.listened(session.server)
+            elif operation is not None:  # a subscription is no operation to time
+                if session.ops is None:
+                    session.ops = {}
+                if len(session.ops) < MAX_REQUESTS:
+                    session.ops[key] = (method, operation)
             if session.pending is None:
                 session.pending = {}
             if len(session.pending) < MAX_REQUESTS:
@@ -646,6 +670,7 @@ class Tracker:
         path: str | None = None,
         body: bytes | None = None,
         sent: Iterable[tuple[str, str]] | None = (),
+        operation: Any = None,
     ) -> Stream:
         """An SSE response is about to be read.  ``last_event_id`` makes it a
         resume; ``carries`` are request keys whose responses it will carry.
@@ -655,14 +680,14 @@ class Tracker:
         stream's), and the cursor is looked up there.  ``path`` scopes the
         ids of a stream without a session: never a whole origin.  ``sent``:
         the requests POSTed with it, as ``request_sent`` takes them (one
-        lock for both)."""
+        lock for both), with their ``operation``."""
         cursor = bounded_id(last_event_id) or None
         claimed = request_session_id if request_session_id is not None else session_id
         with self._lock:
             session = None
             if sent != ():
                 session = self._session(server, session_id, path)
-                self._sent(session, sent)
+                self._sent(session, sent, operation)
             self._flush(fold=cursor is not None)
             previous = self._cursor_owner(server, cursor, claimed, path) if cursor else None
             if previous is not None and previous.session.session_id is not None:
@@ -800,6 +825,10 @@ class Tracker:
                 if new.pending is None:
                     new.pending = {}
                 new.pending.update(old.pending)
+            if old.ops:
+                if new.ops is None:
+                    new.ops = {}
+                new.ops.update(old.ops)
             new.seen.merge(old.seen)
 
     def response(
@@ -927,6 +956,8 @@ class Tracker:
                 # _ended); else this would keep the app's data alive.
                 stream.last_data = data
         stream.unconsumed_responses = responses
+        if responses and session.ops:
+            self._answered_ops(session, responses, data)
         if responses:
             pending = session.pending
             if pending:
@@ -1036,6 +1067,28 @@ class Tracker:
                 del self._reissues[next(iter(self._reissues))]
         return replace(decided, idempotent=idempotent, may_run_twice=may_run_twice)
 
+    def _answered_ops(self, session: Session, keys: Iterable[str], data: str) -> None:
+        """The operations these answers end, with each one's error.type, for
+        the caller to take (a list, not a Step: one answer per request, and
+        a Step is the dearer record)."""
+        ops = session.ops
+        failed = None
+        for key in keys:
+            op = ops.pop(key, None)
+            if op is not None:
+                if failed is None:
+                    failed = answer_errors(data)
+                self.operations_done.append((op[0], key, op[1], failed.get(key)))
+        if not ops:
+            session.ops = None
+
+    def take_operations(self) -> list[tuple[str, str, Any, str | None]]:
+        """The operations ended since the last call: (method, request key,
+        the caller's record of the request, error.type or None)."""
+        with self._lock:
+            done, self.operations_done = self.operations_done, []
+            return done
+
     def _answers_seen(self, session: Session, keys: Iterable[str]) -> None:
         """Answers to these requests of ``session`` arrived: a re-issued call
         whose first attempt and re-issue are both answered ran twice."""
@@ -1050,12 +1103,12 @@ class Tracker:
                     self._reissues.pop(index, None)
 
     def json_answered(
-        self, server: str, session_id: str | None, path: str, request: bytes, answer: bytes
+        self, server: str, session_id: str | None, path: str, lists_tools: bool, answer: bytes
     ) -> None:
-        """A POST's JSON answer was read: the tools/list hints it carries, and
-        the answers a watched re-issue waits for."""
+        """A POST's JSON answer was read: the tools/list hints it carries (if
+        ``lists_tools``), and the answers a watched re-issue waits for."""
         with self._lock:
-            if b'"tools/list"' in request:
+            if lists_tools:
                 self._remember_hints(server, answer)
             if self._reissues:
                 session = self._sessions.get(_session_key(server, session_id, path))
@@ -1193,6 +1246,12 @@ class Tracker:
                 # a request), unlike a long-lived stream dropped mid-read.
                 stream.taken = True
                 self._settle(stream)
+            if closed_by_client and stream.carries and stream.session.ops:
+                # Closed without their answers: cancelled by the client, an
+                # operation without an answer or a fate, not timed.
+                ops = stream.session.ops
+                for key in stream.carries:
+                    ops.pop(key, None)
             broke = not closed_by_client and not stream.server_closed
             body, stream.request_body = stream.request_body, None
             if stream.check is None:
@@ -1464,6 +1523,11 @@ class Tracker:
         for decided in fates:
             # Settled: no later end of its lineage may record it again.
             decided.broken.session.answered((decided.broken.key,))
+            ops = decided.broken.session.ops
+            op = ops.pop(decided.broken.key, None) if ops else None
+            if op is not None:  # not ended by an answer read: ended by its fate
+                error = None if decided.fate is Fate.ANSWERED else FATE_ERRORS[decided.fate]
+                self.operations_done.append((op[0], decided.broken.key, op[1], error))
             holder = decided.broken.holder
             if holder is None or holder.check is None:
                 continue

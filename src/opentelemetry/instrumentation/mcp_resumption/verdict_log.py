@@ -8,15 +8,24 @@ Python's ``logging``, logger ``opentelemetry.instrumentation.mcp_resumption.verd
 it is where a Python programmer looks first, it needs no exporter or
 collector, and its levels and handlers are the host's to set.  A verdict that
 lost something or could not resume (``gap``, ``rejected``, ``not_resumable``,
-``failed``) is a WARNING, which Python prints to stderr even when the program
-configured no logging; a verdict that proves continuity (or cannot, with
-nothing lost) is INFO.  The summary is written at exit because a short-lived
-client has no other moment, and a long-lived one can ask for it at any time
+``failed``), the hint, and the summary of a server that had one of those, a
+gap or a lost call, are WARNINGs; the other verdicts and summaries are INFO.
+
+Where the program configured no logging (no handler on the logger or its
+parents), Python would print only the WARNINGs (its "last resort" handler);
+then every line goes to stderr, the message alone, as that handler writes
+it: a person running a script sees the summary the README shows without
+setting anything.  A level set on the logger or a parent is still obeyed
+(the root's default WARNING aside, which is what "configured nothing"
+looks like), as are ``logging.disable`` and a disabled logger.  Once a
+handler is configured, the program's configuration alone decides.  The
+summary is written at exit because a short-lived client has no other
+moment, and a long-lived one can ask for it at any time
 (:func:`summary_lines`).
 
-``OTEL_PYTHON_MCP_RESUMPTION_VERDICT_LOG``: ``logging`` (default: as the
-host's logging configuration says), ``stderr`` (every verdict and the summary
-to stderr, whatever that configuration), ``off``.
+``OTEL_PYTHON_MCP_RESUMPTION_VERDICT_LOG``: ``logging`` (default: as above),
+``stderr`` (every verdict and the summary to stderr, whatever the logging
+configuration), ``off``.
 
 Process-wide, as the exit is: every instrument() cycle adds to the same
 tally.  The exit hook is registered when this module is imported, before
@@ -31,6 +40,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterable
@@ -51,6 +61,61 @@ MAX_SERVERS = 1024  # servers tallied; beyond, their verdicts are logged, not su
 
 _logger = logging.getLogger(LOGGER_NAME)
 _config_logger = logging.getLogger(__name__)
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Python's last-resort handler, for every level: the message alone, to
+    ``sys.stderr`` as it is when the line is written (a program or a test
+    may replace it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    @property  # type: ignore[override]
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: object) -> None:
+        pass
+
+
+_unconfigured = _Stderr()
+
+
+def _threshold_unconfigured() -> int:
+    """The level from which a line is written when no handler is configured:
+    a level set on the logger or a parent below the root, else the root's,
+    unless that is its default WARNING."""
+    logger: logging.Logger | None = _logger
+    while logger is not None and logger.parent is not None:
+        if logger.level:
+            return logger.level
+        logger = logger.parent
+    root = logging.getLogger().level
+    return logging.INFO if root == logging.WARNING else root
+
+
+def _enabled(level: int) -> bool:
+    if _logger.hasHandlers():
+        return _logger.isEnabledFor(level)
+    if _logger.disabled or _logger.manager.disable >= level:
+        return False
+    return level >= _threshold_unconfigured()
+
+
+def _write(level: int, message: str, *args: object) -> None:
+    """One line: through the program's logging configuration, or to stderr
+    where it configured none (see the module's doc)."""
+    if _logger.hasHandlers():
+        _logger.log(level, message, *args)
+        return
+    if not _enabled(level):
+        return
+    record = _logger.makeRecord(_logger.name, level, "(unknown file)", 0, message, args, None)
+    if _logger.filter(record):
+        _unconfigured.handle(record)
 
 
 @dataclass
@@ -115,32 +180,44 @@ class VerdictLog:
         gap_kinds: Iterable[str] = (),
         *,
         opaque_ids: bool = False,
+        awaiting: int = 0,
+        line: str | None = "",
+        tally: bool = True,
     ) -> None:
-        """One attempt's verdict: tallied, and written as one line."""
+        """One attempt's verdict: tallied (``tally``: when the attempt is
+        over), and written as one line (``line``: None for none, else what
+        follows it: "" when it is decided, " (final)" when the attempt's
+        final verdict differs from the line written at the decision).
+        ``awaiting``: calls still without an answer or a fate, which the line
+        counts apart from the lost ones (each lost call gets its own line)."""
         if self.mode() == "off":
             return
         kinds = sorted(gap_kinds)
         lost = kinds.count(LOST)
-        tally = self._tally(server)
         hint = False
-        if tally is not None:
-            with self._lock:
-                tally.outcomes[outcome] += 1
-                if outcome == "unverifiable" and opaque_ids and not tally.hinted:
-                    tally.hinted = hint = True
+        if tally:
+            record = self._tally(server)
+            if record is not None:
+                with self._lock:
+                    record.outcomes[outcome] += 1
+                    if outcome == "unverifiable" and opaque_ids and not record.hinted:
+                        record.hinted = hint = True
         level = logging.WARNING if outcome in WARNING_OUTCOMES else logging.INFO
-        if _logger.isEnabledFor(level) and self._budget.take((outcome, server)):
-            _logger.log(
+        if line is not None and _enabled(level) and self._budget.take((outcome, server)):
+            _write(
                 level,
-                "mcp-resumption verdict: %s server=%s transport=%s gaps=%s lost_calls=%d",
+                "mcp-resumption verdict: %s server=%s transport=%s gaps=%s lost_calls=%d%s%s",
                 outcome,
                 server,
                 transport,
                 ",".join(sorted(set(kinds))) or "-",
                 lost,
+                f" awaiting={awaiting}" if awaiting else "",
+                line,
             )
         if hint:
-            _logger.warning(
+            _write(
+                logging.WARNING,
                 "mcp-resumption hint: server=%s: its resumes are unverifiable because its event "
                 "ids are opaque (no counter the plugin can order them by, e.g. UUIDs). To make "
                 "them provable, wrap the server's event store in ProvableEventStore "
@@ -159,8 +236,8 @@ class VerdictLog:
         if tally is not None and kind:
             with self._lock:
                 tally.findings[kind] += 1
-        if _logger.isEnabledFor(logging.WARNING) and self._budget.take((kind or line, server)):
-            _logger.warning(line, *args)
+        if _enabled(logging.WARNING) and self._budget.take((kind or line, server)):
+            _write(logging.WARNING, line, *args)
 
     # -- the summary
 
@@ -177,7 +254,7 @@ class VerdictLog:
             if not self._servers or self.mode() == "off":
                 return
             for line, bad in self._summaries():
-                _logger.log(logging.WARNING if bad else logging.INFO, "%s", line)
+                _write(logging.WARNING if bad else logging.INFO, "%s", line)
         except Exception:  # at exit, in the host's process: never a traceback
             pass
 

@@ -11,6 +11,7 @@ the resume's ``mcp.resume`` span is that span's parent.
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import nullcontext
 from functools import partial
 from types import GeneratorType
@@ -37,7 +38,15 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 # The headers the plugin reads, found in one pass: httpx's ``Headers.get``
 # scans and decodes the whole list on each call, seven calls a request.
 _REQUEST_HEADERS = frozenset(
-    (b"last-event-id", b"mcp-session-id", b"mcp-protocol-version", b"accept", b"content-encoding")
+    (
+        b"last-event-id",
+        b"mcp-session-id",
+        b"mcp-protocol-version",
+        b"accept",
+        b"content-encoding",
+        b"mcp-method",
+        b"mcp-name",
+    )
 )
 _RESPONSE_HEADERS = frozenset((b"mcp-session-id", b"mcp-protocol-version", b"content-type"))
 
@@ -145,6 +154,9 @@ def request_facts(owner: ResumptionMonitor, request: Any) -> RequestFacts | None
         mcp=mcp,
         query_names_session=bool(query) and "ession" in query,
         body=body,
+        started=time.monotonic(),
+        mcp_method=_header(headers, b"mcp-method"),
+        mcp_name=_header(headers, b"mcp-name"),
     )
 
 
@@ -199,8 +211,18 @@ def _observe_response(
     )
     if context is not None:
         owner.streams[response] = context
-    elif facts.body is not None and owner.reads_answer(facts, response.status_code):
-        owner.json_answers[response] = facts
+    elif (facts.body is not None or facts.requests) and content_type.startswith(
+        "application/json"
+    ):
+        # An MCP POST answered with JSON: read when the client closes it, or
+        # now where send() read it already (not streamed).  The reader rides
+        # on the response itself (an attribute costs a fifth of a weak
+        # mapping's entry, and goes with it).
+        answer = getattr(response, "_content", None)
+        if isinstance(answer, bytes):
+            owner.json_answered(facts, answer, response.status_code)
+        else:
+            response._mcp_resumption_answer = (owner, facts)
 
 
 def _failed(
@@ -328,9 +350,10 @@ def _answer_read(owner: ResumptionMonitor, instance: Any) -> None:
     # finds it.  A body the client never read is not ours to read.
     answer = getattr(instance, "_content", None)
     if isinstance(answer, bytes):
-        facts = owner.json_answers.pop(instance, None)
-        if facts is not None:
-            owner.json_answered(facts, answer)
+        registered, facts = instance._mcp_resumption_answer
+        del instance._mcp_resumption_answer
+        if registered is owner:  # not another instrument() cycle's
+            owner.json_answered(facts, answer, instance.status_code)
 
 
 def _close(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
@@ -338,7 +361,7 @@ def _close(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     # events: the close is the only sign (the fail-closed re-initialise path).
     if instance in owner.streams:
         guarded("observing a closed response", _close_seen, owner, instance)
-    elif owner.json_answers and instance in owner.json_answers:
+    elif hasattr(instance, "_mcp_resumption_answer"):
         guarded("reading a JSON answer", _answer_read, owner, instance)
     return wrapped(*args, **kwargs)
 
@@ -346,7 +369,7 @@ def _close(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
 async def _aclose(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     if instance in owner.streams:
         guarded("observing a closed response", _close_seen, owner, instance)
-    elif owner.json_answers and instance in owner.json_answers:
+    elif hasattr(instance, "_mcp_resumption_answer"):
         guarded("reading a JSON answer", _answer_read, owner, instance)
     return await wrapped(*args, **kwargs)
 

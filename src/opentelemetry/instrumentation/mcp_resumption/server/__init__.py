@@ -22,16 +22,16 @@ reverse, and each can be disabled on its own
 
 from __future__ import annotations
 
+import importlib
 import logging
-from collections.abc import Collection
+import threading
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from .. import config
-from ..patches import Installation
-
 if TYPE_CHECKING:
+    from ..patches import Installation
     from .observer import ServerObserver
     from .provable import ProvableEventStore
 
@@ -42,11 +42,67 @@ _logger = logging.getLogger(__name__)
 # The SDK releases whose server transports the patches know.
 _instruments = ("mcp >= 1.30",)
 
+# What the server half wraps, by name: (the SDK's module, its "Class.method",
+# our module, the wrapper there).  Names only, because mcp 2.x's ``import
+# mcp`` imports these SDK modules into every client too: what is wrapped at
+# their import is a forwarder, and the wrapper's module (with the observer
+# and everything it needs) is imported at the first call, when the process
+# serves MCP.
+SITES = (
+    ("mcp.server.streamable_http", "StreamableHTTPServerTransport.__init__", "streamable", "_init"),
+    (
+        "mcp.server.streamable_http",
+        "StreamableHTTPServerTransport._replay_events",
+        "streamable",
+        "_replay",
+    ),
+    # Not the manager's handle_request: the SDK's ASGI app calls its
+    # asgi_app, bound when the manager was made; every stateful request
+    # comes to _handle_stateful_request.
+    (
+        "mcp.server.streamable_http_manager",
+        "StreamableHTTPSessionManager._handle_stateful_request",
+        "streamable",
+        "_manager_request",
+    ),
+    ("mcp.server.sse", "SseServerTransport.connect_sse", "legacy", "_connect"),
+)
+
 
 class _Active:
-    """The observer the server patches report to; None while uninstrumented."""
+    """The observer the server patches report to, made at the first report
+    (so that a process that never serves MCP never loads it); None while
+    uninstrumented."""
 
-    observer: ServerObserver | None = None
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._make: Callable[[], ServerObserver] | None = None
+        self._observer: ServerObserver | None = None
+
+    @property
+    def observer(self) -> ServerObserver | None:
+        if self._observer is None and self._make is not None:
+            with self._lock:
+                if self._observer is None and self._make is not None:
+                    make, self._make = self._make, None
+                    try:
+                        self._observer = make()
+                    except Exception:  # in the host's request: never fail it
+                        _logger.warning(
+                            "mcp-resumption server instrumentation failed to start",
+                            exc_info=True,
+                        )
+        return self._observer
+
+    def start(self, make: Callable[[], ServerObserver]) -> None:
+        with self._lock:
+            self._make, self._observer = make, None
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._observer is not None:
+                self._observer.enabled = False
+            self._make = self._observer = None
 
 
 active = _Active()
@@ -62,6 +118,27 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def _unobserved(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    return wrapped(*args, **kwargs)
+
+
+def _forwarder(module: str, wrapper: str) -> Callable[..., Any]:
+    """A wrapt wrapper that calls ``wrapper`` of our ``module``, importing it
+    at the first call."""
+    found: list[Callable[..., Any]] = []
+
+    def forward(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if not found:
+            try:
+                found.append(getattr(importlib.import_module(f"{__name__}.{module}"), wrapper))
+            except Exception:  # logged once; the host's calls go on unobserved
+                _logger.warning("mcp-resumption: loading %s failed", module, exc_info=True)
+                found.append(_unobserved)
+        return found[0](wrapped, instance, args, kwargs)
+
+    return forward
+
+
 class McpResumptionServerInstrumentor(BaseInstrumentor):
     """Observes (and with ``guard="reject"`` guards) MCP server resumption.
 
@@ -71,7 +148,12 @@ class McpResumptionServerInstrumentor(BaseInstrumentor):
     """
 
     _installation: Installation | None = None
-    observer: ServerObserver | None = None
+
+    @property
+    def observer(self) -> ServerObserver | None:
+        """The observer of this cycle (made now if no server call made it
+        yet); None while uninstrumented."""
+        return active.observer if self._installation is not None else None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
@@ -84,33 +166,35 @@ class McpResumptionServerInstrumentor(BaseInstrumentor):
             self._remove()
 
     def _install(self, **kwargs: Any) -> None:
-        from . import legacy, streamable
-        from .observer import ServerObserver
+        from ..patches import Installation
 
-        settings = config.load({"session_id": kwargs.get("session_id")})
-        observer = ServerObserver(
-            meter_provider=kwargs.get("meter_provider"),
-            logger_provider=kwargs.get("logger_provider"),
-            settings=settings,
-            guard=config.load_server_guard(kwargs.get("guard")),
-        )
-        self.observer = active.observer = observer
+        active.start(lambda: _observer(kwargs))
         installation = self._installation = Installation()
-        for module_name, targets in (
-            (streamable.MODULE, streamable.TARGETS),
-            (streamable.MANAGER_MODULE, streamable.MANAGER_TARGETS),
-            (legacy.MODULE, legacy.TARGETS),
-        ):
-            installation.on_import(module_name, targets)
+        by_module: dict[str, list[tuple[str, Callable[..., Any]]]] = {}
+        for sdk_module, target, module, wrapper in SITES:
+            by_module.setdefault(sdk_module, []).append((target, _forwarder(module, wrapper)))
+        for sdk_module, targets in by_module.items():
+            installation.on_import(sdk_module, targets)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         self._remove()
 
     def _remove(self) -> None:
-        if self.observer is not None:
-            self.observer.enabled = False
-        active.observer = None
-        self.observer = None
+        active.stop()
         if self._installation is not None:
             self._installation.remove()
             self._installation = None
+
+
+def _observer(kwargs: dict[str, Any]) -> ServerObserver:
+    """The observer for ``instrument(**kwargs)``: its settings are read here,
+    so an invalid one is reported when the process first serves MCP."""
+    from .. import config
+    from .observer import ServerObserver
+
+    return ServerObserver(
+        meter_provider=kwargs.get("meter_provider"),
+        logger_provider=kwargs.get("logger_provider"),
+        settings=config.load({"session_id": kwargs.get("session_id")}),
+        guard=config.load_server_guard(kwargs.get("guard")),
+    )

@@ -20,8 +20,6 @@ from . import active
 from .observer import from_scope, header
 from .streamable import GUARD_ERROR_CODE, GUARD_MESSAGES, GUARD_STATUS
 
-MODULE = "mcp.server.sse"
-
 
 def _connect(wrapped, instance, args, kwargs):
     observer = active.observer
@@ -76,6 +74,3 @@ class _Refused:
 
     async def __aexit__(self, *exc: Any) -> None:
         return None
-
-
-TARGETS = (("SseServerTransport.connect_sse", _connect),)

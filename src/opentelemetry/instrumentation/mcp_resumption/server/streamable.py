@@ -43,9 +43,6 @@ from ..patches import fault, guarded
 from . import active
 from .observer import ResumeRequest, from_scope, header
 
-MODULE = "mcp.server.streamable_http"
-MANAGER_MODULE = "mcp.server.streamable_http_manager"
-
 # The guard's answer (docs/server.md, "The server guard"): 410 Gone, the JSON-RPC
 # error body the SDK writes for its own refusals.
 GUARD_STATUS = HTTPStatus.GONE
@@ -246,14 +243,3 @@ def _unknown_session(observer: Any, manager: Any, scope: Any, *_: Any, **__: Any
     # A session the manager does not know answers 404; none at all, 400.
     resume = from_scope(scope, sc.TRANSPORT_STREAMABLE_HTTP, last_event_id, session_id)
     observer.record(resume, sc.SERVER_UNKNOWN_SESSION)
-
-
-# For patches.wrap_targets: the transport, and the session manager for
-# unknown sessions.  Not the manager's handle_request: the SDK's ASGI app
-# calls its asgi_app, bound when the manager was made; every stateful
-# request comes to _handle_stateful_request.
-TARGETS = (
-    ("StreamableHTTPServerTransport.__init__", _init),
-    ("StreamableHTTPServerTransport._replay_events", _replay),
-)
-MANAGER_TARGETS = (("StreamableHTTPSessionManager._handle_stateful_request", _manager_request),)
