@@ -35,6 +35,13 @@ LOST_SUBSCRIPTIONS = "mcp_client_resumption_lost_subscriptions_total"
 REISSUES = "mcp_client_resumption_reissues_total"
 DUPLICATE_RUNS = "mcp_client_resumption_duplicate_runs_total"
 MAY_RUN_TWICE = 'mcp_resumption_reissue_risk="may_run_twice"'
+# The MCP semantic conventions' client metric: one point per request that got
+# an answer or a final fate. A histogram series is born with its first
+# observation, so its panels read the cumulative values (since each client
+# started), as the resume latency panels do.
+OPERATION = "mcp_client_operation_duration_seconds"
+BY_METHOD_AND_SERVER = "mcp_method_name, server_address, server_port"
+ERRORED = 'error_type!=""'
 # Every server's lost-subscription series start at 0 per re-listened value,
 # without the notifications label (a count carries the filter it held):
 # sums are by the labels wanted, never by series.
@@ -497,6 +504,45 @@ def build() -> dict[str, Any]:
         f"sum by (server_address, server_port) ({inc(DUPLICATE_RUNS)}) > 0",
         ["server_address", "server_port"], "ran twice", decimals=0,
     ), 24, 6)
+
+    # Last again: the panels above keep their ids.
+    lay.row("Operations")
+    lay.add(quantiles(
+        OPERATION, "s", "Operation duration (p50 / p95 / p99, since each client started)",
+        "mcp.client.operation.duration of the MCP semantic conventions: from a request sent "
+        "to its answer, or to its final fate (lost, re-issued), every method and server. "
+        "High p99 with low p50: a few calls wait for a break to be decided.",
+    ), 12, 8)
+    lay.add(table(
+        "Operation p95 by method and server (since each client started)",
+        "The 95th percentile of the operation duration per method and server: which "
+        "server is slow at what. tools/call includes the tools' own run time; a lost or "
+        "re-issued call counts until its fate was decided.",
+        f"histogram_quantile(0.95, sum by (le, {BY_METHOD_AND_SERVER}) "
+        f"(max_over_time({sel(OPERATION + '_bucket')}[$__range])))",
+        ["mcp_method_name", "server_address", "server_port"], "p95", unit="s", decimals=3,
+    ), 12, 8)
+    count = f"max_over_time({sel(OPERATION + '_count')}[$__range])"
+    errors = f"max_over_time({sel(OPERATION + '_count', ERRORED)}[$__range])"
+    lay.add(table(
+        "Operation error share by method and server (since each client started)",
+        "Per method and server, the share of operations that ended in an error: a JSON-RPC "
+        "error, a tool error (tool_error), a refused request (its HTTP status), a lost call "
+        "(orphaned_request) or one the application sent again (reissued). 0 % where none did.",
+        f"(sum by ({BY_METHOD_AND_SERVER}) ({errors}) or 0 * sum by ({BY_METHOD_AND_SERVER}) "
+        f"({count})) / sum by ({BY_METHOD_AND_SERVER}) ({count})",
+        ["mcp_method_name", "server_address", "server_port"], "errors", unit="percentunit",
+        decimals=1, min=0, max=1,
+    ), 12, 8)
+    lay.add(table(
+        "Operation errors by method, server and error type (since each client started)",
+        "Operations that ended in an error, per method, server and error.type, largest "
+        "first. orphaned_request is a lost call, reissued a call the application sent "
+        "again after its stream broke. Empty means no error.",
+        f"sum by ({BY_METHOD_AND_SERVER}, error_type) ({errors}) > 0",
+        ["mcp_method_name", "server_address", "server_port", "error_type"], "errors",
+        decimals=0,
+    ), 12, 8)
 
     links = [
         {"title": "mcp.resume traces of this server (Tempo)", "url":

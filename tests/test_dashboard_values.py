@@ -42,6 +42,10 @@ def truth(rows: list[dict]) -> dict:
     # by (idempotent, risk) and per server; calls that ran twice per server
     subscriptions, subscriptions_by_server = Counter(), Counter()
     reissues, may_run_twice_by_server, ran_twice_by_server = Counter(), Counter(), Counter()
+    # operations (mcp.client.operation.duration) per (port, method), errors per
+    # (port, method, error.type), buckets per (port, method)
+    operations, operation_errors, operation_buckets = Counter(), Counter(), {}
+    operation_bounds: list[float] = []
     for row in rows:
         counted, port = row["counted"], str(row["server_port"])
         for key, n in counted["lost_subscriptions_joint"].items():
@@ -54,6 +58,17 @@ def truth(rows: list[dict]) -> dict:
             if risk == "may_run_twice":
                 may_run_twice_by_server[(port, idempotent)] += n
         ran_twice_by_server[(port,)] += counted["duplicate_runs"].get("all", 0)
+        # operations: keyed by the port they name (a late fate is still its server's)
+        for key, found in counted["operations"].items():
+            at_port, method, error = key.split("|")
+            operations[(at_port, method)] += found["count"]
+            if error:
+                operation_errors[(at_port, method, error)] += found["count"]
+            counts = operation_buckets.get((at_port, method), [0] * len(found["bucket_counts"]))
+            operation_buckets[(at_port, method)] = [
+                a + b for a, b in zip(counts, found["bucket_counts"])
+            ]
+            operation_bounds = found["bounds"]
         attempts.update(counted["attempts"])
         gaps.update(counted["gaps"])
         fates.update(counted["fates"])
@@ -98,6 +113,8 @@ def truth(rows: list[dict]) -> dict:
         "subscriptions": subscriptions, "subscriptions_by_server": subscriptions_by_server,
         "reissues": reissues, "may_run_twice_by_server": may_run_twice_by_server,
         "ran_twice_by_server": ran_twice_by_server,
+        "operations": operations, "operation_errors": operation_errors,
+        "operation_buckets": operation_buckets, "operation_bounds": operation_bounds,
     }  # fmt: skip
 
 
@@ -276,6 +293,47 @@ def compare(prometheus: Prometheus, rows: list[dict], at: float) -> list[tuple]:
     stat("Calls proven to run twice in range", sum(t["ran_twice_by_server"].values()))
     table("Calls proven to run twice by server", (), t["ran_twice_by_server"])
 
+    # operations: cumulative values (a histogram series is born with its first
+    # observation); quantiles within 1 % of the same interpolation in the buckets
+    bounds = t["operation_bounds"]
+    every = [sum(c) for c in zip(*t["operation_buckets"].values())]
+    title = next(k for k in found if k.startswith("Operation duration"))
+    for target in found[title]["targets"]:
+        q = {"p50": 0.5, "p95": 0.95, "p99": 0.99}[target["legendFormat"]]
+        result = instant(prometheus, target["expr"], at)
+        shown_q = scalar(result) if result else None
+        true_q = histogram_quantile(q, bounds, every)
+        ok = shown_q is not None and close(shown_q, true_q, rel=0.01)
+        check(f"Operation duration {target['legendFormat']}", shown_q, true_q, ok)
+    title = "Operation p95 by method and server (since each client started)"
+    result = instant(prometheus, found[title]["targets"][0]["expr"], at)
+    shown_p95 = {(r["metric"]["server_port"], r["metric"]["mcp_method_name"]): float(r["value"][1])
+                 for r in result}  # fmt: skip
+    true_p95 = {key: histogram_quantile(0.95, bounds, counts)
+                for key, counts in t["operation_buckets"].items()}  # fmt: skip
+    ok = set(shown_p95) == set(true_p95) and all(
+        close(shown_p95[k], v, rel=0.01) for k, v in true_p95.items()
+    )
+    check(title, f"{len(shown_p95)} rows", f"{len(true_p95)} rows", ok)
+    title = "Operation error share by method and server (since each client started)"
+    result = instant(prometheus, found[title]["targets"][0]["expr"], at)
+    shown_share = {(r["metric"]["server_port"], r["metric"]["mcp_method_name"]):
+                   float(r["value"][1]) for r in result}  # fmt: skip
+    errors_of: Counter = Counter()
+    for (port, method, _), n in t["operation_errors"].items():
+        errors_of[(port, method)] += n
+    true_share = {key: errors_of[key] / n for key, n in t["operations"].items()}
+    ok = set(shown_share) == set(true_share) and all(
+        close(shown_share[k], v) for k, v in true_share.items()
+    )
+    check(title, f"{len(shown_share)} rows", f"{len(true_share)} rows", ok)
+    title = "Operation errors by method, server and error type (since each client started)"
+    result = instant(prometheus, found[title]["targets"][0]["expr"], at)
+    shown_errors = {(r["metric"]["server_port"], r["metric"]["mcp_method_name"],
+                     r["metric"]["error_type"]): float(r["value"][1]) for r in result}  # fmt: skip
+    true_errors = {key: float(n) for key, n in t["operation_errors"].items() if n}
+    check(title, shown_errors, true_errors, shown_errors == true_errors)
+
     title = "Breaks not resumable by server"
     result = instant(prometheus, found[title]["targets"][0]["expr"], at)
     shown_share = {r["metric"]["server_port"]: float(r["value"][1]) for r in result}
@@ -358,3 +416,6 @@ def test_every_panel_shows_what_the_demo_counted(shipped_stack):
     assert risky[1] and risky[1] >= 1, table
     twice = next(r for r in report if r[0] == "Calls proven to run twice in range")
     assert twice[1] and twice[1] >= 1, table
+    # operations: lost calls and re-issues are errors of their own
+    errors = next(r for r in report if r[0].startswith("Operation errors by method"))
+    assert {key[2] for key in errors[1]} >= {"orphaned_request", "reissued"}, table

@@ -61,10 +61,12 @@ EMITTED_METRICS: tuple[str, ...] = (
     "mcp_client_resumption_lost_subscriptions_total",
     "mcp_client_resumption_reissues_total",
     "mcp_client_resumption_duplicate_runs_total",
+    "mcp_client_operation_duration_seconds",
 )
 HISTOGRAMS = frozenset(
-    {"mcp_client_resumption_duration_seconds", "mcp_client_resumption_replayed_events"}
-)
+    {"mcp_client_resumption_duration_seconds", "mcp_client_resumption_replayed_events",
+     "mcp_client_operation_duration_seconds"}
+)  # fmt: skip
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 SCRAPE_LABELS = frozenset({"job", "instance"})
 
@@ -128,6 +130,11 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     ),
     "mcp_client_resumption_duplicate_runs_total": frozenset(
         {"mcp_transport", "server_address", "server_port"}
+    ),
+    # the MCP semantic conventions' names
+    "mcp_client_operation_duration_seconds": frozenset(
+        {"mcp_method_name", "gen_ai_tool_name", "error_type", "mcp_protocol_version",
+         "server_address", "server_port"}
     ),
 }
 
@@ -450,6 +457,20 @@ def test_dashboard_has_the_agreed_panels(dashboard: dict[str, Any]) -> None:
         r"rate\(mcp_client_resumption_reissues_total"
     )
     assert some(r"increase\(mcp_client_resumption_duplicate_runs_total")
+    # the conventions' operation duration: quantiles, p95 per method and server,
+    # and the share of operations that ended in an error, from cumulative values
+    for quantile in ("0.5", "0.95", "0.99"):
+        assert some(
+            rf"histogram_quantile\({quantile}, sum by \(le\) \(max_over_time\("
+            r"mcp_client_operation_duration_seconds_bucket"
+        )
+    assert some(
+        r"histogram_quantile\(0.95, sum by \(le, mcp_method_name, server_address, server_port\)"
+    )
+    assert some(
+        r'mcp_client_operation_duration_seconds_count\{[^}]*error_type!=""\}.* / sum by '
+        r"\(mcp_method_name, server_address, server_port\)"
+    )
     # the share of breaks not resumable, per server: not_resumable over every attempt
     assert some(
         r'sum by \(server_address, server_port\) \(increase\(mcp_client_resumption_attempts_total'
@@ -722,7 +743,7 @@ def test_promtool(args: tuple[str, ...]) -> None:
 def test_dashboard_rows_variables_and_import(dashboard: dict[str, Any]) -> None:
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
     assert rows == ["Overview", "SLO and error budget", "Gaps", "Latency", "Per server",
-                    "Broken calls", "Subscriptions and re-issues"]  # fmt: skip
+                    "Broken calls", "Subscriptions and re-issues", "Operations"]  # fmt: skip
     variables = _variables(dashboard)
     assert {"datasource", "job", "instance", "server_address", "slo_target"} <= set(variables)
     assert variables["server_address"]["query"]["query"].endswith(", server_address)")

@@ -64,6 +64,27 @@ def _joint(reader: InMemoryMetricReader, metric_name: str, attributes: tuple[str
     return {key: total for key, total in sums.items() if total}
 
 
+def _operations(reader: InMemoryMetricReader) -> dict[str, dict[str, Any]]:
+    """The operation histogram (mcp.client.operation.duration) by server
+    port, method and error (``port|method|error``, an error-free one: empty):
+    count, sum and per-bucket counts."""
+    found: dict[str, dict[str, Any]] = {}
+    for point in _points(reader, sc.OPERATION_DURATION[0]):
+        key = "|".join(
+            str(point.attributes.get(name, ""))
+            for name in (sc.SERVER_PORT, sc.MCP_METHOD_NAME, sc.ERROR_TYPE)
+        )
+        merged = found.setdefault(
+            key, {"count": 0, "sum": 0.0, "bounds": list(point.explicit_bounds),
+                  "bucket_counts": [0] * len(point.bucket_counts)}
+        )  # fmt: skip
+        merged["count"] += point.count
+        merged["sum"] += point.sum
+        buckets = zip(merged["bucket_counts"], point.bucket_counts)
+        merged["bucket_counts"] = [a + b for a, b in buckets]
+    return found
+
+
 def _outcomes(reader: InMemoryMetricReader) -> dict[str, int]:
     return _sums(reader, sc.ATTEMPTS[0], sc.RESUMPTION_OUTCOME)
 
@@ -127,6 +148,7 @@ def _counted(reader: InMemoryMetricReader) -> dict[str, Any]:
         "reissues_joint": _joint(
             reader, sc.REISSUES[0], (sc.REISSUE_IDEMPOTENT, sc.REISSUE_RISK)
         ),
+        "operations": _operations(reader),
     }
 
 
@@ -169,6 +191,20 @@ def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]
             for key, value in after[name].items()
             if value > before[name].get(key, 0)
         }
+    changed["operations"] = {}
+    for key, now in after["operations"].items():
+        then = before["operations"].get(key)
+        if then is None:
+            changed["operations"][key] = now
+        elif now["count"] > then["count"]:
+            changed["operations"][key] = {
+                "count": now["count"] - then["count"],
+                "sum": now["sum"] - then["sum"],
+                "bounds": now["bounds"],
+                "bucket_counts": [
+                    x - y for x, y in zip(now["bucket_counts"], then["bucket_counts"])
+                ],
+            }
     a, b = after["duration"], before["duration"]
     changed["duration"] = {
         "count": a["count"] - b["count"],
