@@ -141,6 +141,8 @@ class Prometheus:
         def scraped() -> float | None:
             for metric, total in totals.items():
                 result = self.query(f"sum({metric})")
+                if not result and total == 0:
+                    continue  # a histogram without an observation has no series
                 if not result or float(result[0]["value"][1]) != total:
                     return None
             [up] = self.query(f'timestamp(up{{job="{self.job}"}})')
