@@ -67,6 +67,10 @@ MCP1 = ROOT / ".venv-bench-mcp1" / "bin" / "python"
 SESSION = "3f1c2a9e8b7d4c6f9e0a1b2c3d4e5f60"
 CHUNK = 16 * 1024
 
+# The plugin with OTEL_PYTHON_MCP_RESUMPTION_OPERATION_METRIC=false: the POST
+# rows show what the operation metric adds beside what the rest costs.
+NO_OPERATION = "ours, no operation metric"
+
 # row -> (python, unit, configurations, (small N, large N), quick Ns)
 ROWS: dict[str, tuple[Path, str, tuple[str, ...], tuple[int, int], tuple[int, int]]] = {
     "httpx-sse sync": (
@@ -90,8 +94,10 @@ ROWS: dict[str, tuple[Path, str, tuple[str, ...], tuple[int, int], tuple[int, in
         (2000, 22000),
         (500, 5500),
     ),
-    "POST→json": (MCP2, "POST", ("bare", "httpx-instr", "floor", "ours"), (50, 550), (20, 170)),
-    "POST→sse": (MCP2, "POST", ("bare", "httpx-instr", "floor", "ours"), (50, 550), (20, 170)),
+    "POST→json": (MCP2, "POST", ("bare", "httpx-instr", "floor", NO_OPERATION, "ours"), (50, 550),
+                  (20, 170)),
+    "POST→sse": (MCP2, "POST", ("bare", "httpx-instr", "floor", NO_OPERATION, "ours"), (50, 550),
+                 (20, 170)),
     "tools/call mcp 1.x": (
         MCP1,
         "tools/call",
@@ -408,6 +414,8 @@ def worker(
     with contextlib.ExitStack() as stack:
         if config in CONFIGS:
             stack.enter_context(configured(config))
+        elif config == NO_OPERATION:
+            stack.enter_context(configured("ours", operation_metric=False))
         elif config == "floor":
             _floor(row, stack)
         else:
@@ -689,6 +697,12 @@ def report(rows, quick, forced, counted, times, started, load) -> None:
             if unit != "event":
                 against += f"; {floor / httpx_adds:.2f} × httpx-instr's own"
             line(row, "floor", floor, against + ")")
+        if NO_OPERATION in configs:
+            # The plugin less the standard operation metric, whose cost is
+            # mostly the SDK's histogram record (operation_instructions.py).
+            without = per[row, NO_OPERATION] - instr
+            line(row, NO_OPERATION, without,
+                 f"httpx-instr ({without / httpx_adds:.3f} × httpx-instr's own)")
         ours = per[row, "ours"] - instr
         if unit == "event":
             verdict = "PASS" if ours <= EVENT_TARGET else "MISS"

@@ -245,3 +245,24 @@ def test_a_json_answer_is_timed_however_the_client_reads_it(telemetry, how):
     [point] = points(telemetry)
     assert point.attributes["mcp.method.name"] == "initialize" and point.count == 1
     assert point.attributes["server.port"] == router.port
+
+
+def test_the_operation_metric_can_be_switched_off(telemetry, monkeypatch):
+    """``OTEL_PYTHON_MCP_RESUMPTION_OPERATION_METRIC=false``: no point, the
+    other metrics as before."""
+    monkeypatch.setenv("OTEL_PYTHON_MCP_RESUMPTION_OPERATION_METRIC", "false")
+    kind = MCP1 if MCP_MAJOR == 1 else MODERN
+
+    async def scenario():
+        async with sdk_stack(sdk_app(), cut=False) as (router, _, _):
+            with telemetry.instrumented():
+                async with AppClient(kind, router.url + "/mcp") as client:
+                    await client.session.list_tools()
+                    assert await client.call("sse") == "done sse"
+                    assert await client.call("json", progress=False) == "done json"
+            return router
+
+    router = asyncio.run(scenario())
+    assert [m for _, m, _ in wire_requests(router)].count("tools/call") == 2
+    assert points(telemetry) == []
+    assert telemetry.points("mcp.client.resumption.broken_requests"), "the plugin ran"

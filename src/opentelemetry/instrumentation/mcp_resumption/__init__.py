@@ -79,9 +79,9 @@ class McpResumptionInstrumentor(BaseInstrumentor):
 
     ``instrument()`` accepts ``tracer_provider``, ``meter_provider``,
     ``logger_provider``, a ready ``processor``, and the settings ``mode``,
-    ``replay_contract``, ``confirm_timeout``, ``session_id`` and
-    ``max_streams`` (each overriding its ``OTEL_PYTHON_MCP_RESUMPTION_*``
-    variable).
+    ``replay_contract``, ``confirm_timeout``, ``session_id``, ``max_streams``
+    and ``operation_metric`` (each overriding its
+    ``OTEL_PYTHON_MCP_RESUMPTION_*`` variable).
     """
 
     _installation: Installation | None = None

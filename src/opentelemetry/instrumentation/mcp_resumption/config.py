@@ -32,6 +32,7 @@ SESSION_ID = "OTEL_PYTHON_MCP_RESUMPTION_SESSION_ID"
 MAX_STREAMS = "OTEL_PYTHON_MCP_RESUMPTION_MAX_STREAMS"
 REDACT_URLS = "OTEL_PYTHON_MCP_RESUMPTION_REDACT_URLS"
 EVENT_ID_PATTERN = "OTEL_PYTHON_MCP_RESUMPTION_EVENT_ID_PATTERN"
+OPERATION_METRIC = "OTEL_PYTHON_MCP_RESUMPTION_OPERATION_METRIC"
 
 MODES = ("observe", "enforce")
 SESSION_ID_POLICIES = ("hash", "raw", "omit")
@@ -48,6 +49,9 @@ class Settings:
     # The servers' declared event-id scheme: a regex with a named group
     # ``counter`` (decimal digits) and optionally ``stream``; None: inferred.
     event_id_pattern: re.Pattern[str] | None = None
+    # mcp.client.operation.duration: one histogram point per request (the
+    # SDK's record is most of its cost; off for who has the metric elsewhere).
+    operation_metric: bool = True
 
     @property
     def enforce(self) -> bool:
@@ -132,6 +136,9 @@ def load(
     if isinstance(redact, bool):
         redact = str(redact)
     pattern = raw("event_id_pattern", EVENT_ID_PATTERN)
+    operations = raw("operation_metric", OPERATION_METRIC)
+    if isinstance(operations, bool):
+        operations = str(operations)
     return Settings(
         mode=defaults.mode if mode is None else _choice(MODE, mode, MODES, defaults.mode),
         replay_contract=ReplayContract(
@@ -157,6 +164,9 @@ def load(
         if redact is None
         else _choice(REDACT_URLS, redact, ("true", "false"), "true") == "true",
         event_id_pattern=None if pattern is None else _pattern(EVENT_ID_PATTERN, pattern),
+        operation_metric=defaults.operation_metric
+        if operations is None
+        else _choice(OPERATION_METRIC, operations, ("true", "false"), "true") == "true",
     )
 
 

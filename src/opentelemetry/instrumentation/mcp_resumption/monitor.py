@@ -302,7 +302,7 @@ class ResumptionMonitor:
             if facts.legacy_session_id and status < 300 and (requests := facts.ledger()) != []:
                 # Legacy transport: the answer comes on the session's GET stream.
                 self.tracker.request_sent(
-                    facts.server, facts.legacy_session_id, requests, operation=facts
+                    facts.server, facts.legacy_session_id, requests, operation=self._timed(facts)
                 )
             if resume is None:
                 return None
@@ -326,6 +326,8 @@ class ResumptionMonitor:
             session_id = facts.session_id or facts.legacy_session_id
             self.tracker.json_answered(facts.server, session_id, facts.path, lists_tools, answer)
             self._report_ran_twice()
+        if not self.settings.operation_metric:
+            return
         failed = answer_errors(answer)
         rejected = str(status) if status >= 400 else None
         if facts.mcp_method is not None and body is not None and b'"id"' in body:
@@ -336,6 +338,11 @@ class ResumptionMonitor:
         for key, method in facts.ledger() or ():
             if method != LISTEN:
                 self.telemetry.operation(method, key, facts, failed.get(key, rejected))
+
+    def _timed(self, facts: RequestFacts) -> RequestFacts | None:
+        """What the tracker keeps of a request to time its operation: the
+        request's facts, or nothing when the operation metric is off."""
+        return facts if self.settings.operation_metric else None
 
     def promote(self, context: StreamContext, event_type: str) -> bool:
         """A candidate stream's first event: an ``endpoint`` event makes it a
@@ -371,7 +378,7 @@ class ResumptionMonitor:
             path=facts.path,
             body=body,
             sent=requests if requests != [] and event_stream else (),
-            operation=facts,
+            operation=self._timed(facts),
         )
         self._deferred.start()  # its iterator may be finalised by the GC
         # This resume took over the requests that earlier attempts handed to
