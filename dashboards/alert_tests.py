@@ -235,6 +235,77 @@ def evicted_cases() -> list[dict[str, Any]]:
     ]
 
 
+def lost_subscriptions(values: str, relistened: str = "false", notifications: str | None = None,
+                       server: dict = SERVER) -> dict[str, str]:
+    """A server's lost-subscription series: without ``notifications``, the
+    one that starts at 0 when the server is first seen; with it, the one a
+    loss of that filter is counted on, born at 1 (``_x..`` before it)."""
+    filtered = {"mcp_resumption_subscription_notifications": notifications} if notifications else {}
+    return series("mcp_client_resumption_lost_subscriptions_total", values, **server,
+                  mcp_transport="streamable-http", **filtered,
+                  mcp_resumption_subscription_relistened=relistened)  # fmt: skip
+
+
+def reissues(risk: str, idempotent: str, values: str, server: dict = SERVER) -> dict[str, str]:
+    return series("mcp_client_resumption_reissues_total", values, **server,
+                  mcp_transport="streamable-http", mcp_resumption_reissue_idempotent=idempotent,
+                  mcp_resumption_reissue_risk=risk)  # fmt: skip
+
+
+def duplicate_runs(values: str, server: dict = SERVER) -> dict[str, str]:
+    return series("mcp_client_resumption_duplicate_runs_total", values, **server,
+                  mcp_transport="streamable-http")  # fmt: skip
+
+
+def subscription_cases() -> list[dict[str, Any]]:
+    alert, lost_call = "McpResumptionSubscriptionLost", "McpResumptionLostToolCall"
+    zero = [lost_subscriptions("0x40"), lost_subscriptions("0x40", relistened="true")]
+    no_gap = [gaps(kind, "0x40") for kind in ("orphaned_request", "drain_race")]
+    return [
+        case(f"{alert} fires on one lost subscription not re-listened, counted on a series of "
+             "its filter born at 1, and resolves; the lost-call alert stays quiet",
+             [*zero, *no_gap, lost_subscriptions("_x10 1x30", notifications="tools")],
+             [check(alert, "9m"), check(alert, "13m", expected(alert, **SRV)),
+              check(lost_call, "13m"), check(alert, "30m")]),
+        case(f"{alert} fires on the first loss of a second filter after an old one",
+             [*zero, lost_subscriptions("1x40", notifications="tools"),
+              lost_subscriptions("_x20 1x20", notifications="prompts,tools")],
+             [check(alert, "15m"), check(alert, "23m", expected(alert, **SRV))]),
+        case(f"{alert} quiet: re-listened losses only (the client listened again)",
+             [*zero, lost_subscriptions("_x10 1x30", relistened="true", notifications="tools")],
+             [check(alert, t) for t in ("5m", "13m", "40m")]),
+        case(f"{alert} quiet after a scrape outage: the loss before it is not news",
+             [lost_subscriptions("0x10 _x15 0x15"),
+              lost_subscriptions("_x5 1x5 _x15 1x15", notifications="tools")],
+             [check(alert, "8m", expected(alert, **SRV)), check(alert, "35m"),
+              check(alert, "40m")]),
+        case(f"{alert} quiet on a fresh Prometheus with old counters",
+             [lost_subscriptions("0x40", server=OLD),
+              lost_subscriptions("3x40", notifications="tools", server=OLD)],
+             [check(alert, t) for t in ("5m", "40m")]),
+    ]
+
+
+def count_cases(alert: str, counted: Any, other: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """An alert on any increase of one counter: ``counted(values, server=...)``
+    is its series, ``other`` series that must not make it fire."""
+    quiet_at = ("5m", "40m")
+    return [
+        case(f"{alert} fires on one count and resolves",
+             [counted("0x10 1x30"), *other],
+             [check(alert, "9m"), check(alert, "13m", expected(alert, **SRV)),
+              check(alert, "30m")]),
+        case(f"{alert} quiet: nothing counted on it",
+             [counted("0x40"), *other], [check(alert, t) for t in quiet_at]),
+        case(f"{alert} quiet after a scrape outage: the count before it is not news",
+             [counted("0x5 1x10 _x15 1x20")],
+             [check(alert, "8m", expected(alert, **SRV)), check(alert, "35m"),
+              check(alert, "45m")]),
+        case(f"{alert} quiet on a fresh Prometheus with old counters",
+             [counted("4x40", server=OLD)], [check(alert, t) for t in quiet_at]),
+    ]
+
+
 def build() -> dict[str, Any]:
     tests = burn_cases()
     tests += gap_cases("McpResumptionLostToolCall", "orphaned_request", "session_changed")
@@ -244,6 +315,18 @@ def build() -> dict[str, Any]:
     tests += share_cases()
     tests += not_resumable_cases()
     tests += evicted_cases()
+    tests += subscription_cases()
+    tests += count_cases(
+        "McpResumptionReissueMayRunTwice",
+        lambda values, server=SERVER: reissues("may_run_twice", "false", values, server),
+        # safe re-issues: declared idempotent, or under 2026-07-28, which cancels
+        [reissues("none", "true", "0+1x40"), reissues("none", "false", "0+1x40"),
+         reissues("may_run_twice", "true", "0x40")],
+    )
+    tests += count_cases(
+        "McpResumptionCallRanTwice", duplicate_runs,
+        [reissues("may_run_twice", "unknown", "0+1x40")],
+    )
     return {"rule_files": ["alerts.yaml"], "evaluation_interval": "1m", "tests": tests}
 
 

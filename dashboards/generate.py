@@ -31,6 +31,33 @@ REPLAYED = "mcp_client_resumption_replayed_events"
 EVENTS = "mcp_client_stream_events_total"
 EVICTED = "mcp_client_resumption_evicted_streams_total"
 BROKEN = "mcp_client_resumption_broken_requests_total"
+LOST_SUBSCRIPTIONS = "mcp_client_resumption_lost_subscriptions_total"
+REISSUES = "mcp_client_resumption_reissues_total"
+DUPLICATE_RUNS = "mcp_client_resumption_duplicate_runs_total"
+MAY_RUN_TWICE = 'mcp_resumption_reissue_risk="may_run_twice"'
+# The MCP semantic conventions' client metric: one point per request that got
+# an answer or a final fate. A histogram series is born with its first
+# observation, so its panels read the cumulative values (since each client
+# started), as the resume latency panels do.
+OPERATION = "mcp_client_operation_duration_seconds"
+BY_METHOD_AND_SERVER = "mcp_method_name, server_address, server_port"
+ERRORED = 'error_type!=""'
+# Every server's lost-subscription series start at 0 per re-listened value,
+# without the notifications label (a count carries the filter it held):
+# sums are by the labels wanted, never by series.
+SUBSCRIPTION_LABELS = "mcp_resumption_subscription_notifications, mcp_resumption_subscription_relistened"
+# A lost subscription is counted on a series of its filter, which no 0 point
+# starts (the zero series carry no filter): increase() and rate() cannot see
+# the first loss of a filter. So these panels read the counters' values, as
+# the latency panels read the cumulative buckets: since each client started.
+SINCE_STARTED = (
+    "Since each client started, summed over clients: the series of a filter is born "
+    "with its first loss, which increase() and rate() cannot see."
+)
+
+
+def lost_subscriptions(window: str) -> str:
+    return f"max_over_time({sel(LOST_SUBSCRIPTIONS)}[{window}])"
 LOST = 'mcp_resumption_gap_kind=~"orphaned_request|drain_race"'
 GOOD = 'mcp_resumption_outcome=~"resumed|caught_up"'
 # A break with nothing to resume with is counted as an attempt (outcome
@@ -396,6 +423,125 @@ def build() -> dict[str, Any]:
         thresholds={"mode": "absolute", "steps": [
             {"color": "text", "value": None}, {"color": "orange", "value": NOT_RESUMABLE_SHARE}]},
         custom={"cellOptions": {"type": "color-text"}},
+    ), 12, 8)
+
+    # Last again: the panels above keep their ids.
+    lay.row("Subscriptions and re-issues")
+    lay.add(stat(
+        "Lost subscriptions (since each client started)",
+        "subscriptions/listen streams (2026-07-28) that ended without the server's graceful "
+        "result or the client's own close: every change notification from the drop to the "
+        "next listen is missed. Not a lost call: the cure is to re-listen and refetch. "
+        f"{SINCE_STARTED} McpResumptionSubscriptionLost warns on one not re-listened.",
+        f"sum({lost_subscriptions('$__range')})", "short",
+        [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
+    ), 8, 4)
+    lay.add(stat(
+        "Re-issues that may run twice in range",
+        "Calls the application sent again after their stream broke, to a server whose "
+        "protocol (before 2026-07-28) does not cancel a call whose stream breaks, of tools "
+        "not declared idempotent or read-only: the first attempt may have run too. "
+        "McpResumptionReissueMayRunTwice warns on any.",
+        f"sum({inc(REISSUES, MAY_RUN_TWICE)})", "short",
+        [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
+    ), 8, 4)
+    lay.add(stat(
+        "Calls proven to run twice in range",
+        "Re-issued calls whose first attempt was answered as well as the re-issue: the tool "
+        "ran twice on the server. Check the effect (a booking, a payment, a message) and "
+        "make the tool idempotent. McpResumptionCallRanTwice warns on any.",
+        f"sum({inc(DUPLICATE_RUNS)})", "short",
+        [{"color": "green", "value": None}, {"color": "red", "value": 1}], decimals=0,
+    ), 8, 4)
+    lay.add(timeseries(
+        "Lost subscriptions by notifications and re-listened (since each client started)",
+        "Lost subscriptions, a running total, by the notifications they listened for (tools, "
+        "prompts, resources, resource_updates, or none; joined by a comma) and by whether "
+        "the client listened to that server again within the confirmation window. "
+        "re-listened=false means changes stay missed until the application listens again. "
+        f"{SINCE_STARTED}",
+        [target(f"sum by ({SUBSCRIPTION_LABELS}) ({lost_subscriptions('$__rate_interval')})",
+                "{{mcp_resumption_subscription_notifications}} "
+                "re-listened={{mcp_resumption_subscription_relistened}}")], "short",
+    ), 12, 8)
+    lay.add(table(
+        "Lost subscriptions by server (since each client started)",
+        "Lost subscriptions per server, notifications and whether the client re-listened, "
+        "largest first: which server drops its listen streams (a balancer's idle timeout, "
+        f"restarts). Empty means none was lost. {SINCE_STARTED}",
+        f"sum by (server_address, server_port, {SUBSCRIPTION_LABELS}) "
+        f"({lost_subscriptions('$__range')}) > 0",
+        ["server_address", "server_port", "mcp_resumption_subscription_notifications",
+         "mcp_resumption_subscription_relistened"], "lost subscriptions", decimals=0,
+    ), 12, 8)
+    lay.add(timeseries(
+        "Re-issues by declaration and risk",
+        "Re-issued calls per second, by what the server's last tools/list declared of the "
+        "tool (idempotent true: idempotentHint or readOnlyHint; false: neither; unknown: "
+        "never listed) and by risk: may_run_twice where it is not declared safe and the "
+        "protocol is older than 2026-07-28, none otherwise.",
+        [target("sum by (mcp_resumption_reissue_idempotent, mcp_resumption_reissue_risk) "
+                f"({rate(REISSUES)})",
+                "idempotent={{mcp_resumption_reissue_idempotent}} "
+                "{{mcp_resumption_reissue_risk}}")], "short",
+    ), 12, 8)
+    lay.add(table(
+        "Re-issues that may run twice by server",
+        "Per server, in the time range: re-issues that may have run the tool twice, by what "
+        "the server declared of the tool (false: listed without idempotentHint or "
+        "readOnlyHint; unknown: the client never read its tools/list). Declaring the tools "
+        "that are safe to run twice takes those out.",
+        f"sum by (server_address, server_port, mcp_resumption_reissue_idempotent) "
+        f"({inc(REISSUES, MAY_RUN_TWICE)}) > 0",
+        ["server_address", "server_port", "mcp_resumption_reissue_idempotent"],
+        "may run twice", decimals=0,
+    ), 12, 8)
+    lay.add(table(
+        "Calls proven to run twice by server",
+        "Per server, in the time range: re-issued calls whose first attempt was answered "
+        "too, so the tool ran twice there (a resume replayed the first answer after the "
+        "application had sent the call again). Empty means none.",
+        f"sum by (server_address, server_port) ({inc(DUPLICATE_RUNS)}) > 0",
+        ["server_address", "server_port"], "ran twice", decimals=0,
+    ), 24, 6)
+
+    # Last again: the panels above keep their ids.
+    lay.row("Operations")
+    lay.add(quantiles(
+        OPERATION, "s", "Operation duration (p50 / p95 / p99, since each client started)",
+        "mcp.client.operation.duration of the MCP semantic conventions: from a request sent "
+        "to its answer, or to its final fate (lost, re-issued), every method and server. "
+        "High p99 with low p50: a few calls wait for a break to be decided.",
+    ), 12, 8)
+    lay.add(table(
+        "Operation p95 by method and server (since each client started)",
+        "The 95th percentile of the operation duration per method and server: which "
+        "server is slow at what. tools/call includes the tools' own run time; a lost or "
+        "re-issued call counts until its fate was decided.",
+        f"histogram_quantile(0.95, sum by (le, {BY_METHOD_AND_SERVER}) "
+        f"(max_over_time({sel(OPERATION + '_bucket')}[$__range])))",
+        ["mcp_method_name", "server_address", "server_port"], "p95", unit="s", decimals=3,
+    ), 12, 8)
+    count = f"max_over_time({sel(OPERATION + '_count')}[$__range])"
+    errors = f"max_over_time({sel(OPERATION + '_count', ERRORED)}[$__range])"
+    lay.add(table(
+        "Operation error share by method and server (since each client started)",
+        "Per method and server, the share of operations that ended in an error: a JSON-RPC "
+        "error, a tool error (tool_error), a refused request (its HTTP status), a lost call "
+        "(orphaned_request) or one the application sent again (reissued). 0 % where none did.",
+        f"(sum by ({BY_METHOD_AND_SERVER}) ({errors}) or 0 * sum by ({BY_METHOD_AND_SERVER}) "
+        f"({count})) / sum by ({BY_METHOD_AND_SERVER}) ({count})",
+        ["mcp_method_name", "server_address", "server_port"], "errors", unit="percentunit",
+        decimals=1, min=0, max=1,
+    ), 12, 8)
+    lay.add(table(
+        "Operation errors by method, server and error type (since each client started)",
+        "Operations that ended in an error, per method, server and error.type, largest "
+        "first. orphaned_request is a lost call, reissued a call the application sent "
+        "again after its stream broke. Empty means no error.",
+        f"sum by ({BY_METHOD_AND_SERVER}, error_type) ({errors}) > 0",
+        ["mcp_method_name", "server_address", "server_port", "error_type"], "errors",
+        decimals=0,
     ), 12, 8)
 
     links = [

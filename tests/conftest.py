@@ -49,7 +49,7 @@ def shipped_stack(tmp_path_factory):
     demo = None
     try:
         demo = ScrapedDemo(metrics_port)
-        at = prometheus.scraped_total("mcp_client_resumption_attempts_total", demo.attempts)
+        at = prometheus.scraped_totals(demo.totals)
         yield prometheus, demo.rows, at
     finally:
         if demo is not None:

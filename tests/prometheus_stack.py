@@ -131,15 +131,24 @@ class Prometheus:
 
     def scraped_total(self, metric: str, total: float) -> float:
         """The timestamp of the scrape that read ``sum(metric) == total``."""
+        return self.scraped_totals({metric: total})
+
+    def scraped_totals(self, totals: dict[str, float]) -> float:
+        """The timestamp of a scrape that read ``sum(metric) == total`` for
+        every metric of ``totals`` (the counts are final once the demo
+        printed them: a later scrape reads the same)."""
 
         def scraped() -> float | None:
-            result = self.query(f"sum({metric})")
-            if result and float(result[0]["value"][1]) == total:
-                [up] = self.query(f'timestamp(up{{job="{self.job}"}})')
-                return float(up["value"][1])
-            return None
+            for metric, total in totals.items():
+                result = self.query(f"sum({metric})")
+                if not result and total == 0:
+                    continue  # a histogram without an observation has no series
+                if not result or float(result[0]["value"][1]) != total:
+                    return None
+            [up] = self.query(f'timestamp(up{{job="{self.job}"}})')
+            return float(up["value"][1])
 
-        scraped.__doc__ = f"Prometheus has read sum({metric}) == {total}"
+        scraped.__doc__ = f"Prometheus has read the sums {totals}"
         return self.wait(scraped)
 
     def close(self) -> None:
@@ -180,7 +189,27 @@ class ScrapedDemo:
     @property
     def attempts(self) -> int:
         """Every resume attempt the demo counted."""
-        return sum(sum(row["counted"]["attempts"].values()) for row in self.rows)
+        return self.total("attempts")
+
+    def total(self, counted: str) -> int:
+        """What the demo counted on one of its ``counted`` keys, in every row."""
+        return sum(sum(row["counted"][counted].values()) for row in self.rows)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """The demo's last counts, by metric: a scrape that read them all
+        read every count (the subscription row counts no attempt at all, so
+        the attempts alone may be final before it ran)."""
+        return {
+            "mcp_client_resumption_attempts_total": self.attempts,
+            "mcp_client_resumption_lost_subscriptions_total": self.total("lost_subscriptions"),
+            "mcp_client_resumption_reissues_total": self.total("reissues"),
+            "mcp_client_resumption_broken_requests_total": self.total("fates"),
+            "mcp_client_resumption_duplicate_runs_total": self.total("duplicate_runs"),
+            "mcp_client_operation_duration_seconds_count": sum(
+                n["count"] for row in self.rows for n in row["counted"]["operations"].values()
+            ),
+        }
 
     def close(self) -> None:
         stop_process(self.process)

@@ -10,6 +10,7 @@ a notification), never a length of time."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -51,13 +52,13 @@ class Webhook:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/page"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
-    def alerts(self, status: str) -> list[dict]:
-        """Every alert of ours a notification carried with ``status``."""
+    def alerts(self, status: str, name: str = ALERT) -> list[dict]:
+        """Every alert ``name`` a notification carried with ``status``."""
         return [
             alert
             for notification in list(self.received)
             for alert in notification["alerts"]
-            if alert["labels"].get("alertname") == ALERT and alert["status"] == status
+            if alert["labels"].get("alertname") == name and alert["status"] == status
         ]
 
     def close(self) -> None:
@@ -107,19 +108,30 @@ def wait(condition, what: str, timeout: float = WAIT_S):
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
-def lost_call_rule(tmp: Path) -> Path:
-    """The shipped rule alone, its window shortened (see the module's doc)."""
+def shortened_rules(tmp: Path, *names: str) -> Path:
+    """The shipped rules ``names`` alone, their 10-minute window shortened
+    to 15 s (see the module's doc); expressions, labels and annotations as
+    shipped."""
     shipped = yaml.safe_load((ROOT / "dashboards" / "alerts.yaml").read_text())
-    [rule] = [r for g in shipped["groups"] for r in g["rules"] if r.get("alert") == ALERT]
-    assert rule["expr"].count("[10m]") == 1, rule["expr"]
-    rule["expr"] = rule["expr"].replace("[10m]", "[15s]")
-    path = tmp / "lost-call.yaml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "lost-call", "rules": [rule]}]}))
+    rules = [r for g in shipped["groups"] for r in g["rules"] if r.get("alert") in names]
+    assert len(rules) == len(names), names
+    for rule in rules:
+        windows = re.findall(r"\[10m(:?)\]", rule["expr"])
+        assert len(windows) == 1, rule["expr"]
+        rule["expr"] = re.sub(r"\[10m(:?)\]", r"[15s\1]", rule["expr"])
+    path = tmp / "shortened.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "shortened", "rules": rules}]}))
     return path
 
 
 @pytest.fixture
-def stack(tmp_path):
+def rules():
+    """The rules the stack's Prometheus evaluates: the lost-call alert."""
+    return (ALERT,)
+
+
+@pytest.fixture
+def stack(tmp_path, rules):
     webhook = Webhook()
     alertmanager = Alertmanager(tmp_path, webhook.url)
     metrics_port = free_port()
@@ -127,7 +139,7 @@ def stack(tmp_path):
         tmp_path,
         metrics_port,
         interval="1s",
-        rule_files=[lost_call_rule(tmp_path)],
+        rule_files=[shortened_rules(tmp_path, *rules)],
         alertmanager_port=alertmanager.port,
     )
     try:
@@ -186,3 +198,41 @@ def test_the_lost_call_page_arrives_with_server_summary_runbook_and_resolves(sta
     )
     assert {k: resolved[0]["labels"][k] for k in server} == server
     assert resolved[0]["endsAt"] >= page["startsAt"]
+
+
+SUBSCRIPTION = "McpResumptionSubscriptionLost"
+
+
+@pytest.mark.parametrize("rules", [(ALERT, SUBSCRIPTION)])
+def test_a_lost_subscription_warns_and_never_pages_as_a_lost_call(stack):
+    """The demo's dropped subscription (a listen stream cut after its
+    acknowledgment): its warning reaches the receiver with the server, the
+    summary and the runbook link; the lost-call alert, evaluated on the same
+    scrapes, never fires."""
+    webhook, prometheus, metrics_port = stack
+    demo = ScrapedDemo(metrics_port, ["subscription_dropped"])
+    try:
+        [row] = demo.rows
+        assert row["detected"] == ["subscription_lost"], row
+        scraped = prometheus.scraped_totals(demo.totals)
+        lost = prometheus.query("mcp_client_resumption_lost_subscriptions_total > 0")
+        server = {k: lost[0]["metric"][k] for k in ("server_address", "server_port")}
+        firing = wait(lambda: webhook.alerts("firing", SUBSCRIPTION),
+                      "the lost-subscription warning reached the webhook")  # fmt: skip
+        # both rules were evaluated on the scrape that read the loss, and since
+        evaluated = prometheus.wait(lambda: prometheus.evaluated_after(scraped + 2))
+        assert ALERT not in prometheus.alerts(), prometheus.alerts()
+        assert prometheus.query(f'ALERTS{{alertname="{ALERT}"}}', evaluated) == []
+    finally:
+        demo.close()
+    warning = firing[0]
+    assert {k: warning["labels"][k] for k in server} == server, warning["labels"]
+    assert warning["labels"]["severity"] == "warning"
+    assert warning["annotations"]["summary"] == (
+        f"An MCP subscription to {server['server_address']}:{server['server_port']} was lost "
+        "and not re-listened."
+    )
+    assert warning["annotations"]["runbook_url"].endswith(
+        "dashboards/RUNBOOK.md#mcpresumptionsubscriptionlost"
+    )
+    assert webhook.alerts("firing") == [], "no lost-call page"

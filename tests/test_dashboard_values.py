@@ -38,8 +38,37 @@ def truth(rows: list[dict]) -> dict:
     duration_sum, duration_count = 0.0, 0
     scenario_means: list[tuple[float, int]] = []  # (mean seconds, attempts) per scenario
     buckets = None
+    # lost subscriptions by (notifications, relistened) and per server; re-issues
+    # by (idempotent, risk) and per server; calls that ran twice per server
+    subscriptions, subscriptions_by_server = Counter(), Counter()
+    reissues, may_run_twice_by_server, ran_twice_by_server = Counter(), Counter(), Counter()
+    # operations (mcp.client.operation.duration) per (port, method), errors per
+    # (port, method, error.type), buckets per (port, method)
+    operations, operation_errors, operation_buckets = Counter(), Counter(), {}
+    operation_bounds: list[float] = []
     for row in rows:
         counted, port = row["counted"], str(row["server_port"])
+        for key, n in counted["lost_subscriptions_joint"].items():
+            notifications, relistened = key.split("|")
+            subscriptions[(notifications, relistened)] += n
+            subscriptions_by_server[(port, notifications, relistened)] += n
+        for key, n in counted["reissues_joint"].items():
+            idempotent, risk = key.split("|")
+            reissues[(idempotent, risk)] += n
+            if risk == "may_run_twice":
+                may_run_twice_by_server[(port, idempotent)] += n
+        ran_twice_by_server[(port,)] += counted["duplicate_runs"].get("all", 0)
+        # operations: keyed by the port they name (a late fate is still its server's)
+        for key, found in counted["operations"].items():
+            at_port, method, error = key.split("|")
+            operations[(at_port, method)] += found["count"]
+            if error:
+                operation_errors[(at_port, method, error)] += found["count"]
+            counts = operation_buckets.get((at_port, method), [0] * len(found["bucket_counts"]))
+            operation_buckets[(at_port, method)] = [
+                a + b for a, b in zip(counts, found["bucket_counts"])
+            ]
+            operation_bounds = found["bounds"]
         attempts.update(counted["attempts"])
         gaps.update(counted["gaps"])
         fates.update(counted["fates"])
@@ -81,6 +110,11 @@ def truth(rows: list[dict]) -> dict:
         "good_share": good / resumes,
         "duration_sum": duration_sum, "duration_count": duration_count,
         "median": _weighted_median(scenario_means),
+        "subscriptions": subscriptions, "subscriptions_by_server": subscriptions_by_server,
+        "reissues": reissues, "may_run_twice_by_server": may_run_twice_by_server,
+        "ran_twice_by_server": ran_twice_by_server,
+        "operations": operations, "operation_errors": operation_errors,
+        "operation_buckets": operation_buckets, "operation_bounds": operation_bounds,
     }  # fmt: skip
 
 
@@ -169,7 +203,14 @@ def compare(prometheus: Prometheus, rows: list[dict], at: float) -> list[tuple]:
     stat("SLI: continuous or caught up, of verifiable resumes", t["sli"])
     stat("Error budget left in range", 1 - (1 - t["sli"]) / (1 - SLO))
 
-    def rates(title: str, label: str | None, true: dict) -> None:
+    def key_of(metric: dict, label: str | tuple[str, ...] | None) -> object:
+        if label is None:
+            return "all"
+        if isinstance(label, tuple):  # a breakdown by several labels (absent: "")
+            return tuple(metric.get(name, "") for name in label)
+        return metric.get(label, "all")
+
+    def rates(title: str, label: str | tuple[str, ...] | None, true: dict) -> None:
         """A rate panel.  Its expression over the whole range times the range is
         the count (exact at the last scrape); and at the dashboard's own
         $__rate_interval it has a series above 0 wherever the truth is not 0."""
@@ -178,12 +219,11 @@ def compare(prometheus: Prometheus, rows: list[dict], at: float) -> list[tuple]:
         result = prometheus.api("query", query=substitute(query["expr"], whole), time=str(at))
         shown: Counter = Counter()
         for item in result:
-            key = item["metric"].get(label, "all") if label else "all"
-            shown[key] += float(item["value"][1]) * RANGE_SECONDS
+            shown[key_of(item["metric"], label)] += float(item["value"][1]) * RANGE_SECONDS
         shown = Counter({k: round(v, 6) for k, v in shown.items()})
         peaks: Counter = Counter()
         for item in series(prometheus, query["expr"], at):
-            key = item["metric"].get(label, "all") if label else "all"
+            key = key_of(item["metric"], label)
             peaks[key] = max(peaks[key], *(float(v) for _, v in item["values"]))
         ok = all(close(shown[k], v) and peaks[k] > 0 for k, v in true.items() if v) and all(
             v == 0 for k, v in shown.items() if not true.get(k)
@@ -209,15 +249,90 @@ def compare(prometheus: Prometheus, rows: list[dict], at: float) -> list[tuple]:
         ok = shown_burn is not None and close(shown_burn, true_burn)
         check(f"Burn rate {target['legendFormat']}", shown_burn, true_burn, ok)
 
-    def table(title: str, label: str, true: Counter) -> None:
+    def table(title: str, label: str | tuple[str, ...], true: Counter) -> None:
+        """A table per server: its rows (server port and ``label``'s values)
+        and values are the truth's, and none more."""
+        labels = label if isinstance(label, tuple) else (label,)
         result = instant(prometheus, found[title]["targets"][0]["expr"], at)
-        shown_rows = {(r["metric"]["server_port"], r["metric"][label]): float(r["value"][1])
-                      for r in result}  # fmt: skip
+        shown_rows = {(r["metric"]["server_port"], *(r["metric"][name] for name in labels)):
+                      float(r["value"][1]) for r in result}  # fmt: skip
         expected = {key: float(n) for key, n in true.items() if n}
-        check(title, f"{len(shown_rows)} rows", f"{len(expected)} rows", shown_rows == expected)
+        check(title, shown_rows or f"{len(shown_rows)} rows", expected or f"{len(expected)} rows",
+              shown_rows == expected)
 
     table("Gaps by server and kind", "mcp_resumption_gap_kind", t["by_server_kind"])
     table("Resumes by server and outcome", "mcp_resumption_outcome", t["by_server_outcome"])
+
+    # lost subscriptions: each filter's series is born at its first loss, so
+    # the panels read the counters (since each client started), not increase()
+    subscription_labels = ("mcp_resumption_subscription_notifications",
+                           "mcp_resumption_subscription_relistened")  # fmt: skip
+    stat("Lost subscriptions (since each client started)", sum(t["subscriptions"].values()))
+    table("Lost subscriptions by server (since each client started)", subscription_labels,
+          t["subscriptions_by_server"])
+    title = "Lost subscriptions by notifications and re-listened (since each client started)"
+    [query] = found[title]["targets"]
+    now = {key_of(r["metric"], subscription_labels): float(r["value"][1])
+           for r in instant(prometheus, query["expr"], at)}  # fmt: skip
+    peaks: Counter = Counter()
+    for item in series(prometheus, query["expr"], at):
+        key = key_of(item["metric"], subscription_labels)
+        peaks[key] = max(peaks[key], *(float(v) for _, v in item["values"]))
+    true_now = {key: float(n) for key, n in t["subscriptions"].items()}
+    ok = {k: v for k, v in now.items() if v} == true_now and all(
+        peaks[k] == v for k, v in true_now.items()
+    ) and bool(now)  # the series from 0 (no filter) shows 0 where none was lost
+    check(title, now, true_now, ok)
+
+    may_run_twice = sum(n for (_, risk), n in t["reissues"].items() if risk == "may_run_twice")
+    stat("Re-issues that may run twice in range", may_run_twice)
+    rates("Re-issues by declaration and risk",
+          ("mcp_resumption_reissue_idempotent", "mcp_resumption_reissue_risk"), t["reissues"])
+    table("Re-issues that may run twice by server", "mcp_resumption_reissue_idempotent",
+          t["may_run_twice_by_server"])
+    stat("Calls proven to run twice in range", sum(t["ran_twice_by_server"].values()))
+    table("Calls proven to run twice by server", (), t["ran_twice_by_server"])
+
+    # operations: cumulative values (a histogram series is born with its first
+    # observation); quantiles within 1 % of the same interpolation in the buckets
+    bounds = t["operation_bounds"]
+    every = [sum(c) for c in zip(*t["operation_buckets"].values())]
+    title = next(k for k in found if k.startswith("Operation duration"))
+    for target in found[title]["targets"]:
+        q = {"p50": 0.5, "p95": 0.95, "p99": 0.99}[target["legendFormat"]]
+        result = instant(prometheus, target["expr"], at)
+        shown_q = scalar(result) if result else None
+        true_q = histogram_quantile(q, bounds, every)
+        ok = shown_q is not None and close(shown_q, true_q, rel=0.01)
+        check(f"Operation duration {target['legendFormat']}", shown_q, true_q, ok)
+    title = "Operation p95 by method and server (since each client started)"
+    result = instant(prometheus, found[title]["targets"][0]["expr"], at)
+    shown_p95 = {(r["metric"]["server_port"], r["metric"]["mcp_method_name"]): float(r["value"][1])
+                 for r in result}  # fmt: skip
+    true_p95 = {key: histogram_quantile(0.95, bounds, counts)
+                for key, counts in t["operation_buckets"].items()}  # fmt: skip
+    ok = set(shown_p95) == set(true_p95) and all(
+        close(shown_p95[k], v, rel=0.01) for k, v in true_p95.items()
+    )
+    check(title, f"{len(shown_p95)} rows", f"{len(true_p95)} rows", ok)
+    title = "Operation error share by method and server (since each client started)"
+    result = instant(prometheus, found[title]["targets"][0]["expr"], at)
+    shown_share = {(r["metric"]["server_port"], r["metric"]["mcp_method_name"]):
+                   float(r["value"][1]) for r in result}  # fmt: skip
+    errors_of: Counter = Counter()
+    for (port, method, _), n in t["operation_errors"].items():
+        errors_of[(port, method)] += n
+    true_share = {key: errors_of[key] / n for key, n in t["operations"].items()}
+    ok = set(shown_share) == set(true_share) and all(
+        close(shown_share[k], v) for k, v in true_share.items()
+    )
+    check(title, f"{len(shown_share)} rows", f"{len(true_share)} rows", ok)
+    title = "Operation errors by method, server and error type (since each client started)"
+    result = instant(prometheus, found[title]["targets"][0]["expr"], at)
+    shown_errors = {(r["metric"]["server_port"], r["metric"]["mcp_method_name"],
+                     r["metric"]["error_type"]): float(r["value"][1]) for r in result}  # fmt: skip
+    true_errors = {key: float(n) for key, n in t["operation_errors"].items() if n}
+    check(title, shown_errors, true_errors, shown_errors == true_errors)
 
     title = "Breaks not resumable by server"
     result = instant(prometheus, found[title]["targets"][0]["expr"], at)
@@ -293,3 +408,14 @@ def test_every_panel_shows_what_the_demo_counted(shipped_stack):
     assert fates[1].get("reissued", 0) > 0 and fates[1].get("lost", 0) > 0, table
     shares = next(r for r in report if r[0] == "Breaks not resumable by server")
     assert 1.0 in shares[1].values() and 0.0 in shares[1].values(), table
+    # the new rows: a dropped subscription (one, not re-listened) and a
+    # re-issue that may run twice show, and are never 0 or nothing
+    lost = next(r for r in report if r[0].startswith("Lost subscriptions (since"))
+    assert lost[1] and lost[1] >= 1, table
+    risky = next(r for r in report if r[0] == "Re-issues that may run twice in range")
+    assert risky[1] and risky[1] >= 1, table
+    twice = next(r for r in report if r[0] == "Calls proven to run twice in range")
+    assert twice[1] and twice[1] >= 1, table
+    # operations: lost calls and re-issues are errors of their own
+    errors = next(r for r in report if r[0].startswith("Operation errors by method"))
+    assert {key[2] for key in errors[1]} >= {"orphaned_request", "reissued"}, table

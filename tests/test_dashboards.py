@@ -58,10 +58,15 @@ EMITTED_METRICS: tuple[str, ...] = (
     "mcp_client_stream_events_total",
     "mcp_client_resumption_evicted_streams_total",
     "mcp_client_resumption_broken_requests_total",
+    "mcp_client_resumption_lost_subscriptions_total",
+    "mcp_client_resumption_reissues_total",
+    "mcp_client_resumption_duplicate_runs_total",
+    "mcp_client_operation_duration_seconds",
 )
 HISTOGRAMS = frozenset(
-    {"mcp_client_resumption_duration_seconds", "mcp_client_resumption_replayed_events"}
-)
+    {"mcp_client_resumption_duration_seconds", "mcp_client_resumption_replayed_events",
+     "mcp_client_operation_duration_seconds"}
+)  # fmt: skip
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 SCRAPE_LABELS = frozenset({"job", "instance"})
 
@@ -89,6 +94,9 @@ LABEL_VALUES: dict[str, frozenset[str]] = {
     "mcp_transport": TRANSPORTS,
     "mcp_resumption_previous_transport": TRANSPORTS | {"none"},
     "mcp_resumption_request_fate": FATES,
+    "mcp_resumption_subscription_relistened": frozenset({"true", "false"}),
+    "mcp_resumption_reissue_idempotent": frozenset({"true", "false", "unknown"}),
+    "mcp_resumption_reissue_risk": frozenset({"none", "may_run_twice"}),
 }
 METRIC_LABELS: dict[str, frozenset[str]] = {
     "mcp_client_resumption_attempts_total": frozenset(
@@ -111,6 +119,22 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "mcp_client_resumption_evicted_streams_total": frozenset(),
     "mcp_client_resumption_broken_requests_total": frozenset(
         {"mcp_resumption_request_fate", "mcp_transport", "server_address", "server_port"}
+    ),
+    "mcp_client_resumption_lost_subscriptions_total": frozenset(
+        {"mcp_resumption_subscription_notifications", "mcp_resumption_subscription_relistened",
+         "mcp_transport", "server_address", "server_port"}
+    ),
+    "mcp_client_resumption_reissues_total": frozenset(
+        {"mcp_resumption_reissue_idempotent", "mcp_resumption_reissue_risk", "mcp_transport",
+         "server_address", "server_port"}
+    ),
+    "mcp_client_resumption_duplicate_runs_total": frozenset(
+        {"mcp_transport", "server_address", "server_port"}
+    ),
+    # the MCP semantic conventions' names
+    "mcp_client_operation_duration_seconds": frozenset(
+        {"mcp_method_name", "gen_ai_tool_name", "error_type", "mcp_protocol_version",
+         "server_address", "server_port"}
     ),
 }
 
@@ -150,6 +174,8 @@ class Selector:
 class ParsedExpr:
     selectors: list[Selector] = field(default_factory=list)
     grouping: list[list[str]] = field(default_factory=list)
+    # the labels of `without (...)`: dropped, so every other one is kept
+    without: list[list[str]] = field(default_factory=list)
     functions: list[str] = field(default_factory=list)
 
 
@@ -199,7 +225,8 @@ def parse_promql(expr: str) -> ParsedExpr:
         following = expr[i] if i < len(expr) else ""
         if ident in GROUPING_KEYWORDS and following == "(":
             labels, i = _read_until(expr, i, ")")
-            parsed.grouping.append([lab.strip() for lab in labels.split(",") if lab.strip()])
+            named = [lab.strip() for lab in labels.split(",") if lab.strip()]
+            (parsed.without if ident == "without" else parsed.grouping).append(named)
         elif ident in GROUPING_KEYWORDS or ident in OTHER_KEYWORDS:
             pass
         elif following == "(" or (
@@ -258,7 +285,7 @@ def check_expr_metrics(expr: str, where: str) -> ParsedExpr:
                 values = value.split("|") if operator == "=~" else [value]
                 unknown = set(values) - LABEL_VALUES[label]
                 assert not unknown, f"{where}: {label} never takes the values {unknown}"
-    for grouping in parsed.grouping:
+    for grouping in parsed.grouping + parsed.without:
         unknown = set(grouping) - available
         assert not unknown, f"{where}: grouping by labels no metric here has: {unknown}"
     return parsed
@@ -406,6 +433,44 @@ def test_dashboard_has_the_agreed_panels(dashboard: dict[str, Any]) -> None:
         r"sum by \(mcp_resumption_request_fate\) \("
         r"rate\(mcp_client_resumption_broken_requests_total"
     )
+    # lost subscriptions: the counters' values, as each filter's series is
+    # born at its first loss (never increase() or rate(), which miss it), per
+    # server, by the filter and whether the client re-listened
+    subscriptions = [e for e in exprs if "mcp_client_resumption_lost_subscriptions_total" in e]
+    assert subscriptions and all(
+        "max_over_time(mcp_client_resumption_lost_subscriptions_total" in e
+        and not re.search(r"\b(rate|increase)\(mcp_client_resumption_lost_subscriptions", e)
+        for e in subscriptions
+    ), subscriptions
+    assert some(
+        r"sum by \(server_address, server_port, mcp_resumption_subscription_notifications, "
+        r"mcp_resumption_subscription_relistened\) \(max_over_time\("
+    )
+    # re-issues that may run twice, per server and by declaration; and the ones by risk
+    assert some(
+        r"sum by \(server_address, server_port, mcp_resumption_reissue_idempotent\) \("
+        r'increase\(mcp_client_resumption_reissues_total\{[^}]*'
+        r'mcp_resumption_reissue_risk="may_run_twice"\}'
+    )
+    assert some(
+        r"sum by \(mcp_resumption_reissue_idempotent, mcp_resumption_reissue_risk\) \("
+        r"rate\(mcp_client_resumption_reissues_total"
+    )
+    assert some(r"increase\(mcp_client_resumption_duplicate_runs_total")
+    # the conventions' operation duration: quantiles, p95 per method and server,
+    # and the share of operations that ended in an error, from cumulative values
+    for quantile in ("0.5", "0.95", "0.99"):
+        assert some(
+            rf"histogram_quantile\({quantile}, sum by \(le\) \(max_over_time\("
+            r"mcp_client_operation_duration_seconds_bucket"
+        )
+    assert some(
+        r"histogram_quantile\(0.95, sum by \(le, mcp_method_name, server_address, server_port\)"
+    )
+    assert some(
+        r'mcp_client_operation_duration_seconds_count\{[^}]*error_type!=""\}.* / sum by '
+        r"\(mcp_method_name, server_address, server_port\)"
+    )
     # the share of breaks not resumable, per server: not_resumable over every attempt
     assert some(
         r'sum by \(server_address, server_port\) \(increase\(mcp_client_resumption_attempts_total'
@@ -552,6 +617,17 @@ def test_the_agreed_alerts_exist() -> None:
         matching = alerts_on(rf'mcp_resumption_gap_kind=~?"[^"]*\b{kind}\b')
         assert matching, kind
         assert all(rule["labels"]["severity"] == "warning" for rule in matching), kind
+    # a lost subscription warns on its own counter, and no lost-call alert reads it
+    [subscription] = alerts_on(r"mcp_client_resumption_lost_subscriptions_total")
+    assert subscription["alert"] == "McpResumptionSubscriptionLost"
+    assert subscription["labels"]["severity"] == "warning"
+    [lost_call] = [rule for rule in rules if rule["alert"] == "McpResumptionLostToolCall"]
+    assert "subscription" not in lost_call["expr"]
+    # summed without the filter first: its series is born at the first loss
+    assert "sum without (mcp_resumption_subscription_notifications)" in subscription["expr"]
+    [risky] = alerts_on(r'mcp_resumption_reissue_risk="may_run_twice"')
+    [twice] = alerts_on(r"mcp_client_resumption_duplicate_runs_total")
+    assert risky["labels"]["severity"] == twice["labels"]["severity"] == "warning"
     unverifiable = alerts_on(r'mcp_resumption_outcome="unverifiable"')
     assert unverifiable and all(
         rule["labels"]["severity"] == "info" and ">=" in rule["expr"] for rule in unverifiable
@@ -667,7 +743,7 @@ def test_promtool(args: tuple[str, ...]) -> None:
 def test_dashboard_rows_variables_and_import(dashboard: dict[str, Any]) -> None:
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
     assert rows == ["Overview", "SLO and error budget", "Gaps", "Latency", "Per server",
-                    "Broken calls"]  # fmt: skip
+                    "Broken calls", "Subscriptions and re-issues", "Operations"]  # fmt: skip
     variables = _variables(dashboard)
     assert {"datasource", "job", "instance", "server_address", "slo_target"} <= set(variables)
     assert variables["server_address"]["query"]["query"].endswith(", server_address)")

@@ -27,7 +27,7 @@ from mcp_resumption_demo.clients import (  # noqa: E402
     response_id,
     sdk_legacy_session,
 )
-from mcp_resumption_demo.fates import broken_request_fates  # noqa: E402
+from mcp_resumption_demo.fates import broken_request_fates, wire_counts  # noqa: E402
 from mcp_resumption_demo.loopback import LoopbackServer  # noqa: E402
 from mcp_resumption_demo.router import (  # noqa: E402
     Exchange,
@@ -38,6 +38,7 @@ from mcp_resumption_demo.router import (  # noqa: E402
 from mcp_resumption_demo.scenarios import (  # noqa: E402
     GAP_KINDS,
     OUTCOMES,
+    SUBSCRIPTION_LOST,
     ScenarioWire,
     all_scenarios,
     run_scenario,
@@ -108,9 +109,17 @@ def test_scenarios_carry_design_names() -> None:
         "store_reset_guarded",
         "stateless_cut_reissued",
         "stateless_cut_lost",
+        "reissue_may_run_twice",
+        "reissue_ran_twice",
         "bridge_cut_lost",
+        "subscription_dropped",
     ]
     for scenario in scenarios:
+        if scenario.expected_outcome is None:
+            # no resume attempt: what it loses is a subscription, never a resume's gap
+            assert set(scenario.expected_gaps) <= {SUBSCRIPTION_LOST}, scenario.name
+            assert scenario.happened
+            continue
         assert set(scenario.expected_gaps) <= set(GAP_KINDS), scenario.name
         assert scenario.expected_outcome in OUTCOMES, scenario.name
         # A refused or unanswered resume keeps its outcome, whatever it loses.
@@ -123,6 +132,7 @@ def test_names_match_semconv() -> None:
     # The demo spells the names out; the plugin's are the ones exported.
     assert set(GAP_KINDS) == set(semconv.GAP_KINDS)
     assert set(OUTCOMES) == set(semconv.OUTCOMES)
+    assert SUBSCRIPTION_LOST not in GAP_KINDS
 
 
 def test_whole_set_is_fast_and_leaves_nothing_running(run: _Run) -> None:
@@ -489,3 +499,145 @@ def test_bridge_cut(run: _Run) -> None:
     (request_id,) = wire.in_flight
     assert not [x for x in wire.exchanges for e in x.events if response_id(e) == request_id]
     assert wire.fates == {"lost": 1}
+
+
+def test_reissue_may_run_twice(run: _Run) -> None:
+    """A 2025-11-25 session without an event store: the client listed the
+    tools (slow without a hint), its tools/call stream was cut after a
+    progress notification without an event id, no resume was tried, and the
+    application sent the same call again, which was answered."""
+    wire = run.wires["reissue_may_run_twice"]
+    listed = next(x for x in wire.exchanges if x.request.jsonrpc_method == "tools/list")
+    [answer] = [json.loads(e.data) for e in listed.events if response_id(e) is not None]
+    [slow] = [t for t in answer["result"]["tools"] if t["name"] == "slow"]
+    hints = slow.get("annotations") or {}
+    assert not hints.get("idempotentHint") and not hints.get("readOnlyHint"), slow
+    cut = next(x for x in wire.exchanges if x.severed)
+    assert cut.index > listed.index and cut.request.jsonrpc_method == "tools/call"
+    assert cut.request.header("mcp-protocol-version") == "2025-11-25"
+    assert cut.session_id_received is not None  # a session, and still no event ids
+    assert [e.id for e in cut.events] == [None] and "notifications/progress" in cut.events[0].data
+    assert wire.resumes == [] and not any(x.last_event_id_sent for x in wire.exchanges)
+    original, again = [x for x in wire.exchanges if x.request.jsonrpc_method == "tools/call"]
+    assert original is cut
+    assert again.request.header("mcp-protocol-version") == "2025-11-25"
+    assert response_id(again.events[-1]) == again.request.jsonrpc["id"]
+    assert wire.tool_result is not None and wire.tool_result.text == "slow finished 3 steps"
+    assert wire.fates == {"reissued": 1}
+    assert wire.counts is not None
+    assert wire.counts["reissues"] == {"may_run_twice": 1}
+    assert wire.counts["reissues_by_idempotent"] == {"false": 1}
+    assert wire.counts["duplicate_runs"] == {} and wire.counts["lost_subscriptions"] == {}
+
+
+def test_reissue_ran_twice(run: _Run) -> None:
+    """With an event store: the cut call's reconnect was held until the
+    application had sent the call again and read its answer; the resume then
+    replayed the first attempt's answer too: both attempts were answered."""
+    wire = run.wires["reissue_ran_twice"]
+    listed = next(x for x in wire.exchanges if x.request.jsonrpc_method == "tools/list")
+    original, again = [x for x in wire.exchanges if x.request.jsonrpc_method == "tools/call"]
+    assert listed.index < original.index < again.index and original.severed
+    priming, progress = original.events
+    assert priming.id is not None and not priming.data  # the priming event
+    assert progress.id is not None and "notifications/progress" in progress.data
+    first, second = original.request.jsonrpc["id"], again.request.jsonrpc["id"]
+    assert response_id(again.events[-1]) == second
+    [resume] = wire.resumes
+    assert resume.status == 200 and resume.last_event_id_sent == progress.id
+    resumed = next(x for x in wire.exchanges if x.last_event_id_sent is not None)
+    assert resumed.index > again.index, "the reconnect was held until after the re-issue"
+    assert response_id(resume.events[-1]) == first, "the first attempt's answer, replayed"
+    assert wire.tool_result is not None and wire.tool_result.text == "slow finished 3 steps"
+    assert wire.fates == {"reissued": 1}
+    assert wire.counts is not None
+    assert wire.counts["duplicate_runs"] == {"all": 1}
+    assert wire.counts["reissues"] == {"may_run_twice": 1}
+    assert wire.counts["reissues_by_idempotent"] == {"false": 1}
+
+
+def test_subscription_dropped(run: _Run) -> None:
+    """2026-07-28: the listen stream was acknowledged, then cut right after
+    the acknowledgment, with no result for it; the client did not listen
+    again, and sent no call at all."""
+    wire = run.wires["subscription_dropped"]
+    [listen] = [x for x in wire.exchanges if x.request.jsonrpc_method == "subscriptions/listen"]
+    assert listen.request.header("mcp-protocol-version") == "2026-07-28"
+    assert listen.request.jsonrpc["params"]["notifications"] == {"toolsListChanged": True}
+    assert listen.severed and not listen.client_closed
+    *_, ack = listen.events
+    assert json.loads(ack.data)["method"] == "notifications/subscriptions/acknowledged"
+    assert not any(response_id(e) is not None for e in listen.events), "no graceful result"
+    assert not any(x.request.jsonrpc_method == "tools/call" for x in wire.exchanges)
+    assert not any(x.last_event_id_sent for x in wire.exchanges) and wire.resumes == []
+    assert wire.application_saw is not None
+    if MCP_MAJOR >= 2:
+        assert wire.application_saw.startswith("SubscriptionLost"), wire.application_saw
+    assert wire.fates == {}
+    assert wire.counts is not None
+    assert wire.counts["lost_subscriptions"] == {"false": 1}
+    assert wire.counts["lost_subscriptions_by_filter"] == {"tools": 1}
+    assert wire.counts["reissues"] == {}
+
+
+def _request(index: int, body: dict, events: list[dict], *, severed: bool = False,
+             version: str | None = None, client_closed: bool = False) -> Exchange:
+    headers = (("MCP-Protocol-Version", version),) if version else ()
+    head = RequestHead("POST", "/mcp", headers, json.dumps(body).encode())
+    forwarded = [ForwardedEvent(None, "message", json.dumps(e)) for e in events]
+    return Exchange(index, head, "b", 200, events=forwarded, severed=severed,
+                    client_closed=client_closed)
+
+
+def test_wire_counts_reads_the_wire() -> None:
+    """The demo's truth about re-issues, double runs and lost subscriptions:
+    what tools/list declared (idempotentHint, readOnlyHint, no hint, not
+    listed), the protocol each re-issue went under, a call answered twice,
+    and a listen ended by the server's result, by the client, or neither."""
+
+    def call(request_id: int, tool: str) -> dict:
+        return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                "params": {"name": tool, "arguments": {}}}
+
+    def answer(request_id: object, result: dict | None = None) -> dict:
+        return {"jsonrpc": "2.0", "id": request_id, "result": result or {}}
+
+    def listen(request_id: str, **notifications: bool) -> dict:
+        return {"jsonrpc": "2.0", "id": request_id, "method": "subscriptions/listen",
+                "params": {"notifications": notifications}}
+
+    tools = {"tools": [{"name": "book"}, {"name": "get", "annotations": {"readOnlyHint": True}},
+                       {"name": "put", "annotations": {"idempotentHint": True}}]}
+    old, new = "2025-11-25", "2026-07-28"
+    ack = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged", "params": {}}
+    log = [
+        _request(0, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, [answer(1, tools)]),
+        _request(1, call(2, "book"), [], severed=True, version=old),  # re-issued as 3
+        _request(2, call(3, "book"), [answer(3)], version=old),
+        _request(3, call(4, "get"), [], severed=True, version=old),  # read-only: safe
+        _request(4, call(5, "get"), [answer(5)], version=old),
+        _request(5, call(6, "book"), [], severed=True, version=new),  # 2026-07-28 cancels
+        _request(6, call(7, "book"), [answer(7)], version=new),
+        _request(7, call(8, "gone"), [], severed=True, version=old),  # not listed: unknown
+        _request(8, call(9, "gone"), [answer(9)], version=old),
+        _request(9, call(10, "put"), [], severed=True, version=old),  # answered too: ran twice
+        _request(10, call(11, "put"), [answer(11)], version=old),
+        _request(11, {"jsonrpc": "2.0", "id": 12, "method": "ping"}, [answer(10)]),
+        _request(12, listen("l-1", toolsListChanged=True), [ack], severed=True),  # lost
+        _request(13, listen("l-2"), [ack, answer("l-2")]),  # graceful
+        _request(14, listen("l-3", promptsListChanged=True), [ack], client_closed=True),  # local
+        _request(15, listen("l-4", toolsListChanged=True, promptsListChanged=True), [ack],
+                 severed=True),  # lost, and never re-listened after
+        # answered before the same call went out again: answered, no re-issue
+        _request(16, call(13, "book"), [], severed=True, version=old),
+        _request(17, {"jsonrpc": "2.0", "id": 14, "method": "ping"}, [answer(13)]),
+        _request(18, call(15, "book"), [answer(15)], version=old),
+    ]  # fmt: skip
+    counts = wire_counts(log)
+    # put (id 10) was re-issued (11) before its own answer came (on 11): reissued
+    assert broken_request_fates(log) == {"reissued": 5, "answered": 1}
+    assert counts["reissues"] == {"may_run_twice": 2, "none": 3}
+    assert counts["reissues_by_idempotent"] == {"false": 2, "true": 2, "unknown": 1}
+    assert counts["duplicate_runs"] == {"all": 1}
+    assert counts["lost_subscriptions"] == {"true": 1, "false": 1}
+    assert counts["lost_subscriptions_by_filter"] == {"tools": 1, "prompts,tools": 1}

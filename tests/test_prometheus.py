@@ -17,6 +17,14 @@ GAP_SCENARIOS = {
     "stateless_cut_lost": {"McpResumptionLostToolCall"},
     "bridge_cut_lost": {"McpResumptionLostToolCall"},
 }
+# Warnings of the 2026-07-28 revision, raised for the row's server alone:
+# never the lost-call alert (nothing was lost but a subscription, or the
+# call was sent again).
+WARNING_SCENARIOS = {
+    "subscription_dropped": {"McpResumptionSubscriptionLost"},
+    "reissue_may_run_twice": {"McpResumptionReissueMayRunTwice"},
+    "reissue_ran_twice": {"McpResumptionReissueMayRunTwice", "McpResumptionCallRanTwice"},
+}
 CONTROLS = (
     "faithful_resume_int",
     "faithful_resume_uuid",
@@ -92,3 +100,14 @@ def test_controls_raise_no_alert(tmp_path):
         if demo is not None:
             demo.close()
         prometheus.close()
+
+
+def test_lost_subscriptions_and_risky_reissues_warn_and_are_no_lost_call(shipped_stack):
+    prometheus, rows, scraped = shipped_stack
+    at = _settled(prometheus, scraped, SHIPPED_INTERVAL_S)
+    for scenario, expected in WARNING_SCENARIOS.items():
+        [port] = [row["server_port"] for row in rows if row["scenario"] == scenario]
+        selector = f'{{server_port="{port}"}}'
+        assert _alerts(prometheus, at, selector) == dict.fromkeys(expected, "firing"), scenario
+        severities = {a["metric"]["severity"] for a in prometheus.query(f"ALERTS{selector}", at)}
+        assert severities == {"warning"}, (scenario, severities)

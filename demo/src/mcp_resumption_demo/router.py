@@ -112,7 +112,9 @@ class Route:
     """Where one request goes and what happens to its response.
 
     ``sever_after_events``: close the client connection right after the bytes of
-    that many SSE events were forwarded. ``drain_upstream``: after severing, keep
+    that many SSE events were forwarded. ``sever_after``: close it right after
+    the bytes of the first event this accepts (an acknowledgment, a progress
+    notification). ``drain_upstream``: after severing, keep
     reading the backend's response to its end (the backend sees a complete
     delivery, only the client leg died); otherwise the upstream is closed too,
     as an idle timeout closes both legs.
@@ -121,6 +123,7 @@ class Route:
     backend: Backend
     sever_after_events: int | None = None
     drain_upstream: bool = False
+    sever_after: Callable[[ForwardedEvent], bool] | None = None
 
 
 Policy = Callable[[RequestHead], "Route | Awaitable[Route]"]
@@ -538,6 +541,8 @@ class Router:
             if route.sever_after_events is not None and len(exchange.events) >= (
                 route.sever_after_events
             ):
+                return offset
+            if route.sever_after is not None and route.sever_after(event):
                 return offset
         return None
 

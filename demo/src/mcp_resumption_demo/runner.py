@@ -54,6 +54,37 @@ def _sums(reader: InMemoryMetricReader, metric_name: str, attribute: str) -> dic
     return {key: total for key, total in sums.items() if total}
 
 
+def _joint(reader: InMemoryMetricReader, metric_name: str, attributes: tuple[str, ...]) -> dict:
+    """A counter's total per combination of attributes' values, keyed by the
+    values joined with ``|`` (an attribute a series lacks: empty)."""
+    sums: dict[str, int] = {}
+    for point in _points(reader, metric_name):
+        key = "|".join(str(point.attributes.get(name, "")) for name in attributes)
+        sums[key] = sums.get(key, 0) + int(point.value)
+    return {key: total for key, total in sums.items() if total}
+
+
+def _operations(reader: InMemoryMetricReader) -> dict[str, dict[str, Any]]:
+    """The operation histogram (mcp.client.operation.duration) by server
+    port, method and error (``port|method|error``, an error-free one: empty):
+    count, sum and per-bucket counts."""
+    found: dict[str, dict[str, Any]] = {}
+    for point in _points(reader, sc.OPERATION_DURATION[0]):
+        key = "|".join(
+            str(point.attributes.get(name, ""))
+            for name in (sc.SERVER_PORT, sc.MCP_METHOD_NAME, sc.ERROR_TYPE)
+        )
+        merged = found.setdefault(
+            key, {"count": 0, "sum": 0.0, "bounds": list(point.explicit_bounds),
+                  "bucket_counts": [0] * len(point.bucket_counts)}
+        )  # fmt: skip
+        merged["count"] += point.count
+        merged["sum"] += point.sum
+        buckets = zip(merged["bucket_counts"], point.bucket_counts)
+        merged["bucket_counts"] = [a + b for a, b in buckets]
+    return found
+
+
 def _outcomes(reader: InMemoryMetricReader) -> dict[str, int]:
     return _sums(reader, sc.ATTEMPTS[0], sc.RESUMPTION_OUTCOME)
 
@@ -107,19 +138,73 @@ def _counted(reader: InMemoryMetricReader) -> dict[str, Any]:
         "replayed_events": replayed,
         "stream_events": {"all": sum(int(p.value) for p in _points(reader, sc.STREAM_EVENTS[0]))},
         "fates": _sums(reader, sc.BROKEN_REQUESTS[0], sc.REQUEST_FATE),
+        **_wire_kept(reader),
+        # for the dashboards' breakdowns by two labels at once
+        "lost_subscriptions_joint": _joint(
+            reader,
+            sc.LOST_SUBSCRIPTIONS[0],
+            (sc.SUBSCRIPTION_NOTIFICATIONS, sc.SUBSCRIPTION_RELISTENED),
+        ),
+        "reissues_joint": _joint(
+            reader, sc.REISSUES[0], (sc.REISSUE_IDEMPOTENT, sc.REISSUE_RISK)
+        ),
+        "operations": _operations(reader),
     }
+
+
+def _wire_kept(reader: InMemoryMetricReader) -> dict[str, dict[str, int]]:
+    """The counts a row's wire also gives (``ScenarioWire.counts``): re-issues
+    by risk and by what the server declared, calls that ran twice, lost
+    subscriptions by whether the client re-listened and by their filter."""
+    duplicates = sum(int(p.value) for p in _points(reader, sc.DUPLICATE_RUNS[0]))
+    return {
+        "reissues": _sums(reader, sc.REISSUES[0], sc.REISSUE_RISK),
+        "reissues_by_idempotent": _sums(reader, sc.REISSUES[0], sc.REISSUE_IDEMPOTENT),
+        "duplicate_runs": {"all": duplicates} if duplicates else {},
+        "lost_subscriptions": _sums(
+            reader, sc.LOST_SUBSCRIPTIONS[0], sc.SUBSCRIPTION_RELISTENED
+        ),
+        "lost_subscriptions_by_filter": _sums(
+            reader, sc.LOST_SUBSCRIPTIONS[0], sc.SUBSCRIPTION_NOTIFICATIONS
+        ),
+    }
+
+
+# The keys of ``_counted`` that are counts by one attribute, as the wire may give them.
+WIRE_COUNTS = (
+    "reissues",
+    "reissues_by_idempotent",
+    "duplicate_runs",
+    "lost_subscriptions",
+    "lost_subscriptions_by_filter",
+)
 
 
 def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     """What one scenario added to the totals of ``_counted``."""
     changed = {}
-    names = ("attempts", "gaps", "transport_crossings", "replayed_events", "stream_events", "fates")
+    names = ("attempts", "gaps", "transport_crossings", "replayed_events", "stream_events",
+             "fates", *WIRE_COUNTS, "lost_subscriptions_joint", "reissues_joint")  # fmt: skip
     for name in names:
         changed[name] = {
             key: value - before[name].get(key, 0)
             for key, value in after[name].items()
             if value > before[name].get(key, 0)
         }
+    changed["operations"] = {}
+    for key, now in after["operations"].items():
+        then = before["operations"].get(key)
+        if then is None:
+            changed["operations"][key] = now
+        elif now["count"] > then["count"]:
+            changed["operations"][key] = {
+                "count": now["count"] - then["count"],
+                "sum": now["sum"] - then["sum"],
+                "bounds": now["bounds"],
+                "bucket_counts": [
+                    x - y for x, y in zip(now["bucket_counts"], then["bucket_counts"])
+                ],
+            }
     a, b = after["duration"], before["duration"]
     changed["duration"] = {
         "count": a["count"] - b["count"],
@@ -220,13 +305,17 @@ def _otlp(tracer_provider: TracerProvider, logger_provider: LoggerProvider) -> l
     return [PeriodicExportingMetricReader(OTLPMetricExporter())]
 
 
-def _wait_for_fates(reader: InMemoryMetricReader, before: dict[str, Any], total: int) -> None:
-    """Until the plugin has counted ``total`` more broken requests than
-    ``before`` (or the guard passes: the row then fails on the count)."""
+def _wait_for_counts(
+    reader: InMemoryMetricReader, before: dict[str, Any], totals: dict[str, int]
+) -> None:
+    """Until the plugin has counted, on each of ``totals``' keys of
+    ``_counted``, that many more than ``before`` (or the guard passes: the
+    row then fails on the count). A lost call is decided, and a lost
+    subscription counted, a confirmation window after the wire showed it."""
     deadline = time.monotonic() + FATES_TIMEOUT
     while time.monotonic() < deadline:
-        counted = _difference(_counted(reader), before)["fates"]
-        if sum(counted.values()) >= total:
+        counted = _difference(_counted(reader), before)
+        if all(sum(counted[key].values()) >= total for key, total in totals.items()):
             return
         time.sleep(0.05)
 
@@ -252,6 +341,7 @@ def _skipped_row(scenario: scenarios.Scenario, reason: str, nothing: dict[str, A
         "counted": nothing,
         "fates": {},
         "fates_on_the_wire": None,
+        "counts_on_the_wire": None,
     }
 
 
@@ -324,8 +414,10 @@ def run(
             counted_before = _counted(reader)
             before = counted_before["attempts"]
             wire = asyncio.run(scenario.run())
+            awaited = {key: sum(n.values()) for key, n in (wire.counts or {}).items()}
             if wire.fates is not None:
-                _wait_for_fates(reader, counted_before, sum(wire.fates.values()))
+                awaited["fates"] = sum(wire.fates.values())
+            _wait_for_counts(reader, counted_before, awaited)
             time.sleep(SETTLE_SECONDS + 0.2)  # let open confirmation windows close
             counted = _difference(_counted(reader), counted_before)
             after = _outcomes(reader)
@@ -345,15 +437,23 @@ def run(
                     "detected": detected,
                     "outcome": ",".join(outcomes) or "-",
                     # A reconnect loop makes several attempts: the expected
-                    # outcome must be among them, and a control none that is a gap.
+                    # outcome must be among them, and a control none that is
+                    # a gap; a row that expects no attempt gets none.
                     "pass": detected == expected
-                    and scenario.expected_outcome in outcomes
+                    and (
+                        scenario.expected_outcome in outcomes
+                        if scenario.expected_outcome is not None
+                        else not outcomes
+                    )
                     and (bool(expected) or "gap" not in outcomes)
                     # where the wire gives the fates of the broken requests,
                     # the plugin counted exactly those
-                    and (wire.fates is None or counted["fates"] == wire.fates),
+                    and (wire.fates is None or counted["fates"] == wire.fates)
+                    # and likewise the re-issues, double runs, lost subscriptions
+                    and all(counted[key] == n for key, n in (wire.counts or {}).items()),
                     "fates": counted["fates"],
                     "fates_on_the_wire": wire.fates,
+                    "counts_on_the_wire": wire.counts,
                     "resumes": len(wire.resumes),
                     # what the plugin counted in this scenario, and against
                     # which server (the router the client connected to)
@@ -369,6 +469,10 @@ def run(
             "resumes by outcome": _outcomes(reader),
             "gaps by kind": _sums(reader, sc.GAPS[0], sc.GAP_KIND),
             "broken requests by fate": _sums(reader, sc.BROKEN_REQUESTS[0], sc.REQUEST_FATE),
+            "re-issues by risk": _sums(reader, sc.REISSUES[0], sc.REISSUE_RISK),
+            "lost subscriptions by re-listened": _sums(
+                reader, sc.LOST_SUBSCRIPTIONS[0], sc.SUBSCRIPTION_RELISTENED
+            ),
         }
         if report is not None:
             report(rows, totals)

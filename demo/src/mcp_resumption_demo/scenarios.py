@@ -45,7 +45,7 @@ from .clients import (
     response_id,
     sdk_streamable_session,
 )
-from .fates import broken_request_fates
+from .fates import broken_request_fates, wire_counts
 from .loopback import LoopbackServer, close_all
 from .router import Backend, Exchange, Policy, RequestHead, Route, Router
 from .servers import (
@@ -61,6 +61,7 @@ from .servers import (
 __all__ = [
     "GAP_KINDS",
     "OUTCOMES",
+    "SUBSCRIPTION_LOST",
     "ResumeAttempt",
     "Scenario",
     "ScenarioWire",
@@ -80,6 +81,9 @@ GAP_KINDS: Final = (
     "orphaned_request",
     "foreign_replay",
 )
+# The kind of the resumption.gap event of a lost subscription: an event, but
+# never counted on the gaps counter (it has a counter of its own).
+SUBSCRIPTION_LOST: Final = "subscription_lost"
 OUTCOMES: Final = (
     "resumed",
     "caught_up",
@@ -138,6 +142,10 @@ class ScenarioWire:
     balancer saw it. ``fates``, where a row gives them: the fate of each
     broken request (``answered``, ``reissued``, ``lost``: how many), read
     from that log; the demo checks the plugin's count against it.
+    ``counts``, where a row gives them: the re-issues by risk and by what
+    the server declared, the calls that ran twice and the lost
+    subscriptions, read from the same log (:func:`.fates.wire_counts`) and
+    checked the same way.
     """
 
     name: str
@@ -153,6 +161,9 @@ class ScenarioWire:
     tool_result: ToolOutcome | None = None
     exchanges: list[Exchange] = field(default_factory=list)
     fates: dict[str, int] | None = None
+    counts: dict[str, dict[str, int]] | None = None
+    # How the application saw a subscription end (the exception it caught).
+    application_saw: str | None = None
 
     @property
     def cursor(self) -> str | None:
@@ -180,6 +191,12 @@ class ScenarioWire:
 class Scenario:
     """A seed scenario and its ground truth.
 
+    ``expected_gaps``: the kinds of the ``resumption.gap`` events a correct
+    detector writes (a gap kind of the README, or ``subscription_lost``);
+    ``expected_outcome``: the resume outcome among those the row's attempts
+    get, or None where no attempt may be counted at all (a subscription is
+    no call, and its loss no resume).
+
     ``prepare``, if given, runs before the scenario (installing what it needs)
     and returns None when it can run, or why it cannot here ("node not
     found"): the demo then shows the row as skipped with that reason.
@@ -188,7 +205,7 @@ class Scenario:
     name: str
     happened: str
     expected_gaps: tuple[str, ...]
-    expected_outcome: str
+    expected_outcome: str | None
     run: Callable[[], Awaitable[ScenarioWire]]
     prepare: Callable[[], str | None] | None = None
 
@@ -636,6 +653,7 @@ async def _sdk_cut_call(name: str, store: Any, *, stateless_resume: bool) -> Sce
         if wire.resumes:
             wire.session_id_after = wire.resumes[-1].session_id_received
         wire.fates = broken_request_fates(exchanges)
+        wire.counts = wire_counts(exchanges)
         wire.exchanges = exchanges
         return wire
 
@@ -999,7 +1017,9 @@ SCENARIO_MODULES: Final = (
     "mcp_resumption_demo.ts_scenarios",
     "mcp_resumption_demo.server_scenarios",
     "mcp_resumption_demo.stateless_scenarios",
+    "mcp_resumption_demo.reissue_scenarios",
     "mcp_resumption_demo.bridge_scenarios",
+    "mcp_resumption_demo.subscription_scenarios",
 )
 
 

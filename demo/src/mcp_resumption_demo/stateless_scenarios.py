@@ -15,7 +15,7 @@ import contextlib
 from typing import Any, Final
 
 from .clients import MCP_MAJOR, SdkSession, ToolOutcome, sdk_stateless_session
-from .fates import broken_request_fates
+from .fates import broken_request_fates, wire_counts
 from .router import RequestHead, Route, Router
 from .scenarios import (
     _GUARD_TIMEOUT_S,
@@ -96,6 +96,7 @@ def record_cut(wire: ScenarioWire, router: Router) -> ScenarioWire:
     wire.in_flight = {request_id: "tools/call"}
     wire.resumes = [_attempt_of(x, request_id) for x in _resumes(exchanges)]
     wire.fates = broken_request_fates(exchanges)
+    wire.counts = wire_counts(exchanges)
     wire.exchanges = exchanges
     return wire
 
