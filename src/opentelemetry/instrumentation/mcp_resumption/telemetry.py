@@ -17,6 +17,7 @@ import itertools
 import threading
 import time
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry._logs import SeverityNumber, get_logger
@@ -330,8 +331,6 @@ class TelemetrySink:
             for fate in sc.FATES:
                 self._broken.add(0, {sc.REQUEST_FATE: fate, sc.MCP_TRANSPORT: transport, **server})
             base = {sc.MCP_TRANSPORT: transport, **server}
-            for relistened in sc.BOOLEAN_VALUES:
-                self._lost_subscriptions.add(0, {sc.SUBSCRIPTION_RELISTENED: relistened, **base})
             for idempotent in sc.IDEMPOTENT_VALUES:
                 for risk in sc.REISSUE_RISKS:
                     attributes = {sc.REISSUE_IDEMPOTENT: idempotent, sc.REISSUE_RISK: risk}
@@ -464,6 +463,20 @@ class TelemetrySink:
             subscription.notifications,
             exported_request_id(subscription.key),
         )
+
+    def subscriptions_opened(self, context: StreamContext, filters: Iterable[str]) -> None:
+        """Subscriptions are being opened with these notification filters:
+        the series their loss would count start at 0 now, long before it
+        (Prometheus' increase() cannot see a series born at 1; sixteen
+        filters per server started up front would be series nobody uses)."""
+        for notifications in set(filters):
+            for relistened in sc.BOOLEAN_VALUES:
+                attributes = {
+                    sc.SUBSCRIPTION_NOTIFICATIONS: notifications,
+                    sc.SUBSCRIPTION_RELISTENED: relistened,
+                    **context.attributes,
+                }
+                self._lost_subscriptions.add(0, attributes)
 
     def count_lost_subscription(self, subscription: LostSubscription) -> None:
         context = subscription.tag
