@@ -109,7 +109,11 @@ def progress(message: str) -> None:
 def _check_tracked(bench: str, processor: Any) -> None:
     """The streams must look MCP-like enough for the plugin to track them:
     some tracked stream has received an event with an id."""
-    streams = getattr(processor.tracker, "_streams", {})
+    tracker = processor.tracker
+    # The tracked streams: in the tracker's cursor index (a plugin from
+    # before issue 30 kept them on the tracker itself).
+    index = getattr(tracker, "index", None)
+    streams = index.streams if index is not None else getattr(tracker, "_streams", {})
     if not any(getattr(s, "last_received", None) is not None for s in streams.values()):
         raise RuntimeError(f"{bench}: the plugin tracked no event of this stream")
 

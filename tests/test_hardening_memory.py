@@ -39,7 +39,7 @@ def test_a_million_sessions_churn_through_the_tracker():
     assert len(t) == bound
     assert t.evicted_streams == 1_000_000 - bound
     assert t.evicted_sessions > 0
-    assert len(t._cursors) <= 2 * bound
+    assert len(t.index.cursors) <= 2 * bound
     # still working: the most recent session resumes as before
     last = t.open_stream(SERVER, "streamable-http", session_id="s999996",
                          last_event_id=str(999996 % 7 + 1))
@@ -139,7 +139,8 @@ def test_a_resume_whose_cursor_was_evicted_is_unverifiable(raw_server, session_k
                     body=b'{"jsonrpc": "2.0", "method": "notifications/initialized"}')
         tracker = instrumentor.processor.tracker
         assert tracker.evicted_streams > 0
-        assert (f"127.0.0.1:{raw_server.port}", "A", None) in tracker._sessions or not session_kept
+        kept = (f"127.0.0.1:{raw_server.port}", "A", None) in tracker.index.sessions
+        assert kept or not session_kept
         replayed = [block("6", "" if replay == "priming" else note(6)), block("7", note(7))]
         headers = [(b"content-type", b"text/event-stream"), (b"mcp-session-id", b"A")]
         raw_server.reply(base + "/resume", Reply(head(200, headers), tuple(replayed)))

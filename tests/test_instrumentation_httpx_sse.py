@@ -79,7 +79,7 @@ def test_a_delete_still_ends_the_session(server, instrumented, telemetry):
             assert [event.id for event in source.iter_sse()] == ["d-1"]
         assert telemetry.resume_spans() == []  # no cursor: no resume
         tracker = instrumented.processor.tracker
-        [session] = [s for key, s in tracker._sessions.items() if key[1] == "s-del"]
+        [session] = [s for key, s in tracker.index.sessions.items() if key[1] == "s-del"]
         assert not session.terminated
         http.delete("/del", headers={"mcp-session-id": "s-del"})
         assert session.terminated

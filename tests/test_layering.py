@@ -6,6 +6,7 @@ only, for its annotations)."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,25 +16,40 @@ PACKAGE = (
     / "mcp_resumption"
 )
 
+# The rooms of the tracker (issue 30), lowest first: each may import the
+# rooms before it, never one after it, nor the tracker that composes them.
+ROOMS = ("seen_window", "records", "requests", "cursors", "breaks", "resumes", "streams")
+UPPER = {"facts", "redaction", "deadlines", "telemetry", "monitor", "processor", "patches"}
+
+
+def _rooms_after(room: str) -> set[str]:
+    return set(ROOMS[ROOMS.index(room) + 1 :])
+
+
 # Each module and the package modules it must never import at run time.
 ABOVE = {
-    "continuity": {"fates", "tracker", "facts", "redaction", "deadlines", "telemetry",
-                   "monitor", "processor", "patches"},
-    "fates": {"tracker", "facts", "redaction", "deadlines", "telemetry", "monitor",
-              "processor", "patches"},
-    "tracker": {"facts", "redaction", "deadlines", "telemetry", "monitor", "processor",
-                "patches"},
+    "continuity": {"fates", "tracker", *ROOMS, *UPPER},
+    "fates": {"tracker", *ROOMS, *UPPER},
+    "subscriptions": {"fates", "tracker", *ROOMS, *UPPER},
+    **{room: {"tracker", *_rooms_after(room), *UPPER} for room in ROOMS},
+    "tracker": set(UPPER),
     "facts": {"redaction", "deadlines", "telemetry", "monitor", "processor", "patches"},
     "redaction": {"deadlines", "telemetry", "monitor", "processor", "patches"},
     "deadlines": {"telemetry", "monitor", "processor", "patches"},
     "telemetry": {"monitor", "processor", "patches"},
     "monitor": {"processor", "patches"},
     "processor": {"patches"},
-    "patches": {"monitor", "processor"},
-    "patches.http": {"monitor", "processor"},
-    "patches.sse": {"monitor", "processor", "patches.http"},
-    "patches.mcp_sdk": {"monitor", "processor", "patches.http", "patches.sse"},
+    # The patches know the tracker's API (its names re-exported there), not
+    # its rooms.
+    "patches": {"monitor", "processor", *ROOMS},
+    "patches.http": {"monitor", "processor", *ROOMS},
+    "patches.sse": {"monitor", "processor", "patches.http", *ROOMS},
+    "patches.mcp_sdk": {"monitor", "processor", "patches.http", "patches.sse", *ROOMS},
 }
+
+# The pure core: the rules, the ledgers and the tracker with its rooms import
+# the standard library and each other only (no OpenTelemetry, no HTTP client).
+PURE = ("continuity", "fates", "subscriptions", "jsonrpc", "forks", *ROOMS, "tracker")
 
 
 def _runtime_imports(module: str) -> set[str]:
@@ -72,12 +88,36 @@ def test_no_module_imports_a_layer_above_it(module):
     assert not upward, f"{module} imports {sorted(upward)}, a layer above it"
 
 
+@pytest.mark.parametrize("module", PURE)
+def test_the_pure_core_imports_the_standard_library_only(module):
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    absolute = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module
+    }
+    foreign = absolute - set(sys.stdlib_module_names) - {"__future__"}
+    assert not foreign, f"{module} imports {sorted(foreign)}: not the standard library"
+
+
+def test_the_tracker_composes_every_room():
+    """Each room is a module the tracker imports, so each is held to the
+    order above (a new room takes its place in ``ROOMS``)."""
+    assert set(ROOMS) <= _runtime_imports("tracker")
+
+
 def test_the_check_sees_imports():
     """The checker itself finds what a module does import (else the test
     above could never fail)."""
     assert {"monitor", "redaction"} <= _runtime_imports("processor")
     assert "monitor" not in _runtime_imports("patches.http")  # TYPE_CHECKING only
     assert {"facts", "tracker"} <= _runtime_imports("patches.http")
+    assert {"records", "breaks"} <= _runtime_imports("resumes")
 
 
 def test_no_patch_module_keeps_a_channel():

@@ -319,7 +319,7 @@ def test_memory_is_bounded_under_churn():
     assert len(t) == 1000
     assert t.evicted_streams == opened - len(t)
     # The cursor index must not outlive the streams it points into.
-    assert len(t._cursors) <= 2 * t.max_streams
+    assert len(t.index.cursors) <= 2 * t.max_streams
 
 
 @pytest.mark.parametrize("max_streams", [100_000, 64])

@@ -557,7 +557,127 @@ class _LostOrPending:
     event_id: EventId | None  # the unconsumed event that carried its response, if any
 
 
-class ResumeCheck:
+class _AwaitedAnswers:
+    """What one resume attempt was to answer: the requests whose responses
+    must come on the resumed stream, settled as they come, handed out as
+    orphans when they no longer can, or handed back to the lineage at the
+    stream's end.  A part of :class:`ResumeCheck` (its base), apart to be
+    read alone; not a check of its own."""
+
+    # Set by ResumeCheck: the cursor, whether the stream is a replacement,
+    # whether the cursor event was sent again, the gaps, and its closing.
+    cursor: Cursor
+    gaps: list[Gap]
+    _replaced: bool
+    _cursor_redelivered: bool
+
+    def __init__(
+        self,
+        pending: Mapping[str, str] | None,
+        unconsumed_responses: Mapping[str, tuple[str, EventId | None]] | None,
+        sent_by_session: Callable[[str], bool] | None,
+    ) -> None:
+        # request id -> method: requests whose response must come on this stream
+        self._pending: dict[str, _LostOrPending] = {
+            rid: _LostOrPending(method, None) for rid, method in (pending or {}).items()
+        }
+        for rid, (method, event_id) in (unconsumed_responses or {}).items():
+            self._pending[rid] = _LostOrPending(method, event_id)
+        self._sent_by_session = sent_by_session
+        # Requests were handed to the lineage at the stream's end, or out as
+        # orphans awaiting their fate: the attempt closes when the lineage
+        # goes on or ends and the fates are known (``lineage_over``).
+        self.held = False
+        # request id -> (method, why): requests this attempt can no longer
+        # bring the answer to; their fate decides whether they are gaps.
+        self.orphans: dict[str, tuple[str, str]] = {}
+        # An event that may have answered requests could not be read: no
+        # pending request can be proven orphaned any more.
+        self._ledger_unknown = False
+
+    @property
+    def awaiting(self) -> int:
+        """Calls this attempt was to answer that are neither answered nor
+        decided yet: what its verdict cannot yet count as lost or not."""
+        return len(self._pending) + len(self.orphans)
+
+    def take_orphans(self) -> dict[str, tuple[str, str]]:
+        """The requests this attempt handed out as orphans since the last
+        call (request id -> (method, why)), for their fates to decide."""
+        orphans, self.orphans = self.orphans, {}
+        return orphans
+
+    def release(self) -> dict[str, str]:
+        """The requests still pending when the stream ended (request id ->
+        method), handed back to the lineage: answered by a later resume, or
+        orphaned when the lineage ends.  The attempt stays open until then
+        (:meth:`lineage_over`): an orphan is this attempt's gap."""
+        if self._replaced:
+            return {}
+        held = {rid: entry.method for rid, entry in self._pending.items()}
+        self._pending.clear()
+        self.held = self.held or bool(held)
+        self._close()
+        return held
+
+    def lineage_over(self, orphans: Iterable[Gap] = ()) -> None:
+        """The lineage this attempt handed its requests to went on (a later
+        resume holds them now) or ended, with ``orphans`` lost."""
+        if not self.held:
+            return
+        self.held = False
+        self.gaps.extend(orphans)
+        self._close()
+
+    def _settle_unconsumed(self, first: ObservedEvent) -> list[Gap]:
+        """Responses that sat in received-but-unconsumed events: redelivered,
+        or lost for good because the replay starts after them."""
+        found: list[Gap] = []
+        for rid, entry in list(self._pending.items()):
+            if entry.event_id is None:
+                continue
+            order = compare_event_ids(entry.event_id, self.cursor.event_id)
+            resent = (first.event_id is not None and first.event_id.raw == entry.event_id.raw) or (
+                self._cursor_redelivered and entry.event_id.raw == self.cursor.event_id.raw
+            )
+            if order == -1 or (order == 0 and not resent):
+                del self._pending[rid]
+                why = f"its response was in {entry.event_id}, not replayed"
+                self.orphans[rid] = (entry.method, why)
+                self.held = True
+            else:
+                entry.event_id = None  # will be replayed; wait for it
+        return found
+
+    def _responses(self, event: ObservedEvent) -> list[Gap]:
+        found: list[Gap] = []
+        if event.unreadable:
+            self._ledger_unknown = True
+            self._pending.clear()
+        for rid in event.response_ids:
+            if self._pending.pop(rid, None) is not None:
+                continue
+            if self._sent_by_session is not None:
+                gap = foreign_replay_rule(rid, self._sent_by_session)
+                if gap is not None:
+                    found.append(gap)
+        return found
+
+    def _orphan_all(self, why: str) -> list[Gap]:
+        """Hand every pending request out as an orphan (see ``take_orphans``):
+        no gap yet, their fates decide."""
+        if not self._ledger_unknown:
+            for rid, entry in self._pending.items():
+                self.orphans[rid] = (entry.method, why)
+            self.held = self.held or bool(self._pending)
+        self._pending.clear()
+        return []
+
+    def _close(self) -> None:
+        raise NotImplementedError  # ResumeCheck's
+
+
+class ResumeCheck(_AwaitedAnswers):
     """Runs the rules over one resume attempt, fed in the order things happen.
 
     Not thread-safe on its own: the tracker calls it under its lock.  Every
@@ -595,23 +715,10 @@ class ResumeCheck:
         # not evidence, so the confirmation window does not apply.
         self.poll = poll
         self._seen = seen if seen is not None else {}
-        # request id -> method: requests whose response must come on this stream
-        self._pending: dict[str, _LostOrPending] = {
-            rid: _LostOrPending(method, None) for rid, method in (pending or {}).items()
-        }
-        for rid, (method, event_id) in (unconsumed_responses or {}).items():
-            self._pending[rid] = _LostOrPending(method, event_id)
-        self._sent_by_session = sent_by_session
+        super().__init__(pending, unconsumed_responses, sent_by_session)
         self.response_session_id: str | None = None
         self.verdict: Verdict | None = None
         self.final: Verdict | None = None
-        # Requests were handed to the lineage at the stream's end, or out as
-        # orphans awaiting their fate: the attempt closes when the lineage
-        # goes on or ends and the fates are known (``lineage_over``).
-        self.held = False
-        # request id -> (method, why): requests this attempt can no longer
-        # bring the answer to; their fate decides whether they are gaps.
-        self.orphans: dict[str, tuple[str, str]] = {}
         self.closed = False
         self.gaps: list[Gap] = []
         self.delivered = 0
@@ -623,9 +730,6 @@ class ResumeCheck:
         # delivery), and whether the cursor event was among them.
         self._duplicates = 0
         self._cursor_redelivered = False
-        # An event that may have answered requests could not be read: no
-        # pending request can be proven orphaned any more.
-        self._ledger_unknown = False
 
     # -- facts, in wire order
 
@@ -648,22 +752,10 @@ class ResumeCheck:
         return []
 
     @property
-    def awaiting(self) -> int:
-        """Calls this attempt was to answer that are neither answered nor
-        decided yet: what its verdict cannot yet count as lost or not."""
-        return len(self._pending) + len(self.orphans)
-
-    @property
     def replaced(self) -> bool:
         """The resumed stream is not the one that broke (a new session or a
         reset counter)."""
         return self._replaced
-
-    def take_orphans(self) -> dict[str, tuple[str, str]]:
-        """The requests this attempt handed out as orphans since the last
-        call (request id -> (method, why)), for their fates to decide."""
-        orphans, self.orphans = self.orphans, {}
-        return orphans
 
     def on_event(self, event: ObservedEvent) -> list[Gap]:
         if self._ended or self.closed:
@@ -734,28 +826,6 @@ class ResumeCheck:
             return found
         self._close()
         return found
-
-    def release(self) -> dict[str, str]:
-        """The requests still pending when the stream ended (request id ->
-        method), handed back to the lineage: answered by a later resume, or
-        orphaned when the lineage ends.  The attempt stays open until then
-        (:meth:`lineage_over`): an orphan is this attempt's gap."""
-        if self._replaced:
-            return {}
-        held = {rid: entry.method for rid, entry in self._pending.items()}
-        self._pending.clear()
-        self.held = self.held or bool(held)
-        self._close()
-        return held
-
-    def lineage_over(self, orphans: Iterable[Gap] = ()) -> None:
-        """The lineage this attempt handed its requests to went on (a later
-        resume holds them now) or ended, with ``orphans`` lost."""
-        if not self.held:
-            return
-        self.held = False
-        self.gaps.extend(orphans)
-        self._close()
 
     def on_timeout(self, seconds: float) -> list[Gap]:
         """The confirmation window passed with the stream still open.  On a
@@ -862,50 +932,6 @@ class ResumeCheck:
         self.gaps.extend(found)
         self._close()
         return found
-
-    def _settle_unconsumed(self, first: ObservedEvent) -> list[Gap]:
-        """Responses that sat in received-but-unconsumed events: redelivered,
-        or lost for good because the replay starts after them."""
-        found: list[Gap] = []
-        for rid, entry in list(self._pending.items()):
-            if entry.event_id is None:
-                continue
-            order = compare_event_ids(entry.event_id, self.cursor.event_id)
-            resent = (first.event_id is not None and first.event_id.raw == entry.event_id.raw) or (
-                self._cursor_redelivered and entry.event_id.raw == self.cursor.event_id.raw
-            )
-            if order == -1 or (order == 0 and not resent):
-                del self._pending[rid]
-                why = f"its response was in {entry.event_id}, not replayed"
-                self.orphans[rid] = (entry.method, why)
-                self.held = True
-            else:
-                entry.event_id = None  # will be replayed; wait for it
-        return found
-
-    def _responses(self, event: ObservedEvent) -> list[Gap]:
-        found: list[Gap] = []
-        if event.unreadable:
-            self._ledger_unknown = True
-            self._pending.clear()
-        for rid in event.response_ids:
-            if self._pending.pop(rid, None) is not None:
-                continue
-            if self._sent_by_session is not None:
-                gap = foreign_replay_rule(rid, self._sent_by_session)
-                if gap is not None:
-                    found.append(gap)
-        return found
-
-    def _orphan_all(self, why: str) -> list[Gap]:
-        """Hand every pending request out as an orphan (see ``take_orphans``):
-        no gap yet, their fates decide."""
-        if not self._ledger_unknown:
-            for rid, entry in self._pending.items():
-                self.orphans[rid] = (entry.method, why)
-            self.held = self.held or bool(self._pending)
-        self._pending.clear()
-        return []
 
     def _decide(self, outcome: Outcome, found: Iterable[Gap]) -> None:
         self.gaps.extend(found)
