@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import time
@@ -79,7 +80,10 @@ def _string_leaves(value: object) -> Iterable[str]:
 
 
 def data_secrets(text: str) -> set[str]:
-    """An event's or a body's data, and every string inside its payload."""
+    """An event's or a body's data, and every string inside its payload but
+    the tool a tools/call names: the conventions export it, as
+    ``gen_ai.tool.name`` of ``mcp.client.operation.duration``, as they do the
+    method's name (its arguments stay data)."""
     found = {text} if len(text) >= 8 else set()
     try:
         decoded = json.loads(text)
@@ -88,7 +92,10 @@ def data_secrets(text: str) -> set[str]:
     for message in decoded if isinstance(decoded, list) else [decoded]:
         if isinstance(message, dict):
             for key in ("params", "result", "error"):
-                found.update(s for s in _string_leaves(message.get(key)) if len(s) >= 8)
+                value = message.get(key)
+                if key == "params" and message.get("method") == "tools/call":
+                    value = {k: v for k, v in (value or {}).items() if k != "name"}
+                found.update(s for s in _string_leaves(value) if len(s) >= 8)
     return found - NOT_DATA
 
 
@@ -168,7 +175,15 @@ def test_demo_exports_carry_no_session_id_event_data_or_query(demo_run):
 
 
 def test_demo_metric_attributes_are_bounded_enums(demo_run):
-    _, _, telemetry = demo_run
+    wires, _, telemetry = demo_run
+    # The tools the demo's clients called: bounded by the servers' tools.
+    tools = {
+        exchange.request.jsonrpc["params"]["name"]
+        for wire in wires
+        for exchange in wire.exchanges
+        if (exchange.request.jsonrpc or {}).get("method") == "tools/call"
+    }
+    assert tools
     allowed = {
         sc.RESUMPTION_OUTCOME: set(sc.OUTCOMES),
         sc.GAP_KIND: set(sc.GAP_KINDS),
@@ -178,12 +193,42 @@ def test_demo_metric_attributes_are_bounded_enums(demo_run):
         sc.SERVER_ADDRESS: {"127.0.0.1", "localhost"},
         # the demo's loopback servers: bounded by the servers, never by sessions
         sc.SERVER_PORT: range(1, 65536),
+        sc.REQUEST_FATE: set(sc.FATES),
+        sc.REISSUE_IDEMPOTENT: set(sc.IDEMPOTENT_VALUES),
+        sc.REISSUE_RISK: set(sc.REISSUE_RISKS),
+        sc.SUBSCRIPTION_RELISTENED: set(sc.BOOLEAN_VALUES),
+        sc.SUBSCRIPTION_NOTIFICATIONS: {
+            ",".join(kinds)
+            for kinds in itertools.chain.from_iterable(
+                itertools.combinations(("prompts", "resource_updates", "resources", "tools"), n)
+                for n in range(1, 5)
+            )
+        } | {"none"},
+        sc.MCP_METHOD_NAME: set(sc.CLIENT_METHODS) | {sc.OTHER},
+        sc.GEN_AI_TOOL_NAME: tools,
+        sc.MCP_PROTOCOL_VERSION: {"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25",
+                                  "2026-07-28"},
+        # a JSON-RPC error's code, tool_error, an HTTP status, or a fate of ours
+        sc.ERROR_TYPE: _ErrorTypes(),
     }
     for name, *_ in (sc.ATTEMPTS, sc.GAPS, sc.DURATION, sc.REPLAYED_EVENTS, sc.STREAM_EVENTS,
-                     sc.EVICTED_STREAMS):
+                     sc.EVICTED_STREAMS, sc.BROKEN_REQUESTS, sc.REISSUES, sc.DUPLICATE_RUNS,
+                     sc.LOST_SUBSCRIPTIONS, sc.OPERATION_DURATION):
         for point in telemetry.points(name):
             for key, value in point.attributes.items():
                 assert key in allowed and value in allowed[key], (name, key, value)
+
+
+class _ErrorTypes:
+    """error.type values of the operation metric: a bounded set of words, or
+    an integer code as text."""
+
+    WORDS = frozenset({"tool_error", "reissued", "orphaned_request", "_OTHER"})
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, str) and (
+            value in self.WORDS or (value.lstrip("-").isdigit() and len(value) <= 8)
+        )
 
 
 # ------------------------------------------------- planted secrets, real path
