@@ -629,8 +629,13 @@ def test_the_agreed_alerts_exist() -> None:
     assert subscription["labels"]["severity"] == "warning"
     [lost_call] = [rule for rule in rules if rule["alert"] == "McpResumptionLostToolCall"]
     assert "subscription" not in lost_call["expr"]
-    # summed without the filter first: its series is born at the first loss
-    assert "sum without (mcp_resumption_subscription_notifications)" in subscription["expr"]
+    # the plain form of the other counters: only losses not re-listened
+    assert re.search(
+        r"sum by \(job, server_address, server_port\) \(\s*increase\("
+        r"mcp_client_resumption_lost_subscriptions_total"
+        r'\{mcp_resumption_subscription_relistened="false"\}\[10m\]\)\s*\) > 0',
+        subscription["expr"],
+    ), subscription["expr"]
     [risky] = alerts_on(r'mcp_resumption_reissue_risk="may_run_twice"')
     [twice] = alerts_on(r"mcp_client_resumption_duplicate_runs_total")
     assert risky["labels"]["severity"] == twice["labels"]["severity"] == "warning"
