@@ -235,14 +235,14 @@ def evicted_cases() -> list[dict[str, Any]]:
     ]
 
 
-def lost_subscriptions(values: str, relistened: str = "false", notifications: str | None = None,
+def lost_subscriptions(values: str, relistened: str = "false", notifications: str = "tools",
                        server: dict = SERVER) -> dict[str, str]:
-    """A server's lost-subscription series: without ``notifications``, the
-    one that starts at 0 when the server is first seen; with it, the one a
-    loss of that filter is counted on, born at 1 (``_x..`` before it)."""
-    filtered = {"mcp_resumption_subscription_notifications": notifications} if notifications else {}
+    """A lost-subscription series of one notifications filter: the plugin
+    starts it at 0 when a subscription with that filter opens, before any
+    loss of it is counted (``_x..`` before the 0: not opened yet)."""
     return series("mcp_client_resumption_lost_subscriptions_total", values, **server,
-                  mcp_transport="streamable-http", **filtered,
+                  mcp_transport="streamable-http",
+                  mcp_resumption_subscription_notifications=notifications,
                   mcp_resumption_subscription_relistened=relistened)  # fmt: skip
 
 
@@ -259,29 +259,32 @@ def duplicate_runs(values: str, server: dict = SERVER) -> dict[str, str]:
 
 def subscription_cases() -> list[dict[str, Any]]:
     alert, lost_call = "McpResumptionSubscriptionLost", "McpResumptionLostToolCall"
-    zero = [lost_subscriptions("0x40"), lost_subscriptions("0x40", relistened="true")]
+
+    def opened(notifications: str = "tools", values: str = "0x40", **kw: Any) -> dict[str, str]:
+        """The re-listened series of a filter, at 0 from when a subscription
+        with it opens (the plugin starts both; ``_`` before: not opened yet)."""
+        return lost_subscriptions(values, relistened="true", notifications=notifications, **kw)
+
     no_gap = [gaps(kind, "0x40") for kind in ("orphaned_request", "drain_race")]
     return [
-        case(f"{alert} fires on one lost subscription not re-listened, counted on a series of "
-             "its filter born at 1, and resolves; the lost-call alert stays quiet",
-             [*zero, *no_gap, lost_subscriptions("_x10 1x30", notifications="tools")],
+        case(f"{alert} fires on one lost subscription not re-listened, and resolves; "
+             "the lost-call alert stays quiet",
+             [opened(), *no_gap, lost_subscriptions("0x10 1x30")],
              [check(alert, "9m"), check(alert, "13m", expected(alert, **SRV)),
               check(lost_call, "13m"), check(alert, "30m")]),
-        case(f"{alert} fires on the first loss of a second filter after an old one",
-             [*zero, lost_subscriptions("1x40", notifications="tools"),
-              lost_subscriptions("_x20 1x20", notifications="prompts,tools")],
+        case(f"{alert} fires on the first loss of a filter opened later, after an old one",
+             [opened(), lost_subscriptions("1x40"), opened("prompts,tools", "_x15 0x25"),
+              lost_subscriptions("_x15 0x5 1x20", notifications="prompts,tools")],
              [check(alert, "15m"), check(alert, "23m", expected(alert, **SRV))]),
         case(f"{alert} quiet: re-listened losses only (the client listened again)",
-             [*zero, lost_subscriptions("_x10 1x30", relistened="true", notifications="tools")],
+             [lost_subscriptions("0x40"), lost_subscriptions("0x10 1x30", relistened="true")],
              [check(alert, t) for t in ("5m", "13m", "40m")]),
         case(f"{alert} quiet after a scrape outage: the loss before it is not news",
-             [lost_subscriptions("0x10 _x15 0x15"),
-              lost_subscriptions("_x5 1x5 _x15 1x15", notifications="tools")],
+             [opened(), lost_subscriptions("0x5 1x5 _x15 1x15")],
              [check(alert, "8m", expected(alert, **SRV)), check(alert, "35m"),
               check(alert, "40m")]),
         case(f"{alert} quiet on a fresh Prometheus with old counters",
-             [lost_subscriptions("0x40", server=OLD),
-              lost_subscriptions("3x40", notifications="tools", server=OLD)],
+             [opened(server=OLD), lost_subscriptions("3x40", server=OLD)],
              [check(alert, t) for t in ("5m", "40m")]),
     ]
 

@@ -42,22 +42,7 @@ MAY_RUN_TWICE = 'mcp_resumption_reissue_risk="may_run_twice"'
 OPERATION = "mcp_client_operation_duration_seconds"
 BY_METHOD_AND_SERVER = "mcp_method_name, server_address, server_port"
 ERRORED = 'error_type!=""'
-# Every server's lost-subscription series start at 0 per re-listened value,
-# without the notifications label (a count carries the filter it held):
-# sums are by the labels wanted, never by series.
 SUBSCRIPTION_LABELS = "mcp_resumption_subscription_notifications, mcp_resumption_subscription_relistened"
-# A lost subscription is counted on a series of its filter, which no 0 point
-# starts (the zero series carry no filter): increase() and rate() cannot see
-# the first loss of a filter. So these panels read the counters' values, as
-# the latency panels read the cumulative buckets: since each client started.
-SINCE_STARTED = (
-    "Since each client started, summed over clients: the series of a filter is born "
-    "with its first loss, which increase() and rate() cannot see."
-)
-
-
-def lost_subscriptions(window: str) -> str:
-    return f"max_over_time({sel(LOST_SUBSCRIPTIONS)}[{window}])"
 LOST = 'mcp_resumption_gap_kind=~"orphaned_request|drain_race"'
 GOOD = 'mcp_resumption_outcome=~"resumed|caught_up"'
 # A break with nothing to resume with is counted as an attempt (outcome
@@ -428,12 +413,13 @@ def build() -> dict[str, Any]:
     # Last again: the panels above keep their ids.
     lay.row("Subscriptions and re-issues")
     lay.add(stat(
-        "Lost subscriptions (since each client started)",
+        "Lost subscriptions in range",
         "subscriptions/listen streams (2026-07-28) that ended without the server's graceful "
         "result or the client's own close: every change notification from the drop to the "
         "next listen is missed. Not a lost call: the cure is to re-listen and refetch. "
-        f"{SINCE_STARTED} McpResumptionSubscriptionLost warns on one not re-listened.",
-        f"sum({lost_subscriptions('$__range')})", "short",
+        "McpResumptionSubscriptionLost warns on one not re-listened. No data: no client "
+        "opened a subscription (a filter's series start at 0 when one with it opens).",
+        f"sum({inc(LOST_SUBSCRIPTIONS)})", "short",
         [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
     ), 8, 4)
     lay.add(stat(
@@ -454,23 +440,22 @@ def build() -> dict[str, Any]:
         [{"color": "green", "value": None}, {"color": "red", "value": 1}], decimals=0,
     ), 8, 4)
     lay.add(timeseries(
-        "Lost subscriptions by notifications and re-listened (since each client started)",
-        "Lost subscriptions, a running total, by the notifications they listened for (tools, "
+        "Lost subscriptions by notifications and re-listened",
+        "Lost subscriptions per second, by the notifications they listened for (tools, "
         "prompts, resources, resource_updates, or none; joined by a comma) and by whether "
         "the client listened to that server again within the confirmation window. "
-        "re-listened=false means changes stay missed until the application listens again. "
-        f"{SINCE_STARTED}",
-        [target(f"sum by ({SUBSCRIPTION_LABELS}) ({lost_subscriptions('$__rate_interval')})",
+        "re-listened=false means changes stay missed until the application listens again.",
+        [target(f"sum by ({SUBSCRIPTION_LABELS}) ({rate(LOST_SUBSCRIPTIONS)})",
                 "{{mcp_resumption_subscription_notifications}} "
                 "re-listened={{mcp_resumption_subscription_relistened}}")], "short",
     ), 12, 8)
     lay.add(table(
-        "Lost subscriptions by server (since each client started)",
-        "Lost subscriptions per server, notifications and whether the client re-listened, "
-        "largest first: which server drops its listen streams (a balancer's idle timeout, "
-        f"restarts). Empty means none was lost. {SINCE_STARTED}",
+        "Lost subscriptions by server",
+        "Lost subscriptions in the time range per server, notifications and whether the "
+        "client re-listened, largest first: which server drops its listen streams (a "
+        "balancer's idle timeout, restarts). Empty means none was lost.",
         f"sum by (server_address, server_port, {SUBSCRIPTION_LABELS}) "
-        f"({lost_subscriptions('$__range')}) > 0",
+        f"({inc(LOST_SUBSCRIPTIONS)}) > 0",
         ["server_address", "server_port", "mcp_resumption_subscription_notifications",
          "mcp_resumption_subscription_relistened"], "lost subscriptions", decimals=0,
     ), 12, 8)

@@ -433,18 +433,24 @@ def test_dashboard_has_the_agreed_panels(dashboard: dict[str, Any]) -> None:
         r"sum by \(mcp_resumption_request_fate\) \("
         r"rate\(mcp_client_resumption_broken_requests_total"
     )
-    # lost subscriptions: the counters' values, as each filter's series is
-    # born at its first loss (never increase() or rate(), which miss it), per
+    # lost subscriptions: increase() and rate(), as the other counters (each
+    # filter's series starts at 0 when a subscription with it opens), per
     # server, by the filter and whether the client re-listened
     subscriptions = [e for e in exprs if "mcp_client_resumption_lost_subscriptions_total" in e]
-    assert subscriptions and all(
-        "max_over_time(mcp_client_resumption_lost_subscriptions_total" in e
-        and not re.search(r"\b(rate|increase)\(mcp_client_resumption_lost_subscriptions", e)
+    assert len(subscriptions) == 3 and all(
+        re.search(r"\b(rate|increase)\(mcp_client_resumption_lost_subscriptions_total", e)
+        and "max_over_time" not in e
         for e in subscriptions
     ), subscriptions
     assert some(
         r"sum by \(server_address, server_port, mcp_resumption_subscription_notifications, "
-        r"mcp_resumption_subscription_relistened\) \(max_over_time\("
+        r"mcp_resumption_subscription_relistened\) \(increase\("
+        r"mcp_client_resumption_lost_subscriptions_total\{[^}]*\}\[[^\]]+\]\)\) > 0"
+    )
+    assert some(
+        r"sum by \(mcp_resumption_subscription_notifications, "
+        r"mcp_resumption_subscription_relistened\) \(rate\("
+        r"mcp_client_resumption_lost_subscriptions_total\{[^}]*\}\[[^\]]+\]\)\)"
     )
     # re-issues that may run twice, per server and by declaration; and the ones by risk
     assert some(
@@ -623,8 +629,13 @@ def test_the_agreed_alerts_exist() -> None:
     assert subscription["labels"]["severity"] == "warning"
     [lost_call] = [rule for rule in rules if rule["alert"] == "McpResumptionLostToolCall"]
     assert "subscription" not in lost_call["expr"]
-    # summed without the filter first: its series is born at the first loss
-    assert "sum without (mcp_resumption_subscription_notifications)" in subscription["expr"]
+    # the plain form of the other counters: only losses not re-listened
+    assert re.search(
+        r"sum by \(job, server_address, server_port\) \(\s*increase\("
+        r"mcp_client_resumption_lost_subscriptions_total"
+        r'\{mcp_resumption_subscription_relistened="false"\}\[10m\]\)\s*\) > 0',
+        subscription["expr"],
+    ), subscription["expr"]
     [risky] = alerts_on(r'mcp_resumption_reissue_risk="may_run_twice"')
     [twice] = alerts_on(r"mcp_client_resumption_duplicate_runs_total")
     assert risky["labels"]["severity"] == twice["labels"]["severity"] == "warning"
