@@ -117,16 +117,13 @@ class Route:
     notification). ``drain_upstream``: after severing, keep
     reading the backend's response to its end (the backend sees a complete
     delivery, only the client leg died); otherwise the upstream is closed too,
-    as an idle timeout closes both legs. ``before_sever``: awaited between
-    forwarding the bytes up to the sever point and severing (the stream
-    idles there).
+    as an idle timeout closes both legs.
     """
 
     backend: Backend
     sever_after_events: int | None = None
     drain_upstream: bool = False
     sever_after: Callable[[ForwardedEvent], bool] | None = None
-    before_sever: Callable[[], Awaitable[None]] | None = None
 
 
 Policy = Callable[[RequestHead], "Route | Awaitable[Route]"]
@@ -524,8 +521,6 @@ class Router:
                     await client.writer.drain()
                 await self._notify()
                 if cut_at is not None:
-                    if route.before_sever is not None:
-                        await route.before_sever()
                     await self._sever(client, route, exchange, payload)
                     return False
             if chunked:

@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry.sdk._logs import LoggerProvider
@@ -27,7 +27,7 @@ from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrument
 from opentelemetry.instrumentation.mcp_resumption import semconv as sc
 from opentelemetry.instrumentation.mcp_resumption.verdict_log import LOGGER_NAME as VERDICT_LOGGER
 
-from . import scenarios, subscription_scenarios
+from . import scenarios
 from .scenarios import all_scenarios
 
 SETTLE_SECONDS = 1.0  # the confirmation window the demo runs with
@@ -216,58 +216,20 @@ def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]
 
 
 class _Scrapes:
-    """Counts the scrapes of the Prometheus endpoint, and keeps what the last one read."""
+    """Counts the scrapes of the Prometheus endpoint."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.last: Any = None
         self.changed = threading.Condition()
 
-    def seen(self, metrics_data: Any) -> None:
+    def seen(self) -> None:
         with self.changed:
             self.count += 1
-            self.last = metrics_data
             self.changed.notify_all()
 
     def wait_after(self, count: int, timeout: float) -> bool:
         with self.changed:
             return self.changed.wait_for(lambda: self.count > count, timeout)
-
-    def wait_for(self, read: Callable[[Any], bool], timeout: float) -> bool:
-        """Until a scrape has read what ``read`` accepts of its metrics data."""
-        with self.changed:
-            return self.changed.wait_for(lambda: self.last is not None and read(self.last), timeout)
-
-
-def _read_a_listen_at_0(metrics_data: Any) -> bool:
-    """The scrape read a lost-subscription series of a notifications filter,
-    at 0: the one the plugin starts when a subscription with it opens."""
-    return any(
-        point.value == 0 and sc.SUBSCRIPTION_NOTIFICATIONS in point.attributes
-        for resource in metrics_data.resource_metrics
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == sc.LOST_SUBSCRIPTIONS[0]
-        for point in metric.data.data_points
-    )
-
-
-def _hold_the_listen_until_scraped(scrapes: _Scrapes) -> Callable[[], Awaitable[None]]:
-    """A real balancer cuts a quiet listen stream after its idle timeout,
-    minutes after it opened, and Prometheus has scraped the subscription's
-    series at 0 by then; the demo's cut comes right after the server's
-    acknowledgment. So, for a scrape, the cut waits for a scrape that read
-    that series: otherwise the loss would be a series born at 1, which
-    increase() cannot see."""
-
-    async def hold() -> None:
-        if not await asyncio.to_thread(scrapes.wait_for, _read_a_listen_at_0, FIRST_SCRAPE_TIMEOUT):
-            _progress(
-                f"no scrape of the listen's series within {FIRST_SCRAPE_TIMEOUT:g} s: the "
-                "lost subscription will not show in increase() and rate()"
-            )
-
-    return hold
 
 
 class DemoError(Exception):
@@ -292,7 +254,7 @@ def _prometheus_reader(port: int, scrapes: _Scrapes) -> MetricReader:
     class CountingReader(PrometheusMetricReader):
         def _receive_metrics(self, metrics_data: Any, *args: Any, **kwargs: Any) -> None:
             super()._receive_metrics(metrics_data, *args, **kwargs)
-            scrapes.seen(metrics_data)
+            scrapes.seen()
 
     return CountingReader()
 
@@ -438,7 +400,6 @@ def run(
         }
         if prometheus_port is not None:
             _announce_servers(instrumentor, len(selected) - len(unavailable), scrapes)
-            subscription_scenarios.before_cut = _hold_the_listen_until_scraped(scrapes)
         total = len(selected)
         for number, scenario in enumerate(selected, 1):
             step = f"[{number}/{total}]"
@@ -522,7 +483,6 @@ def run(
         for sock in scenarios.router_sockets:  # reserved for scenarios that did not run
             sock.close()
         scenarios.router_sockets[:] = []
-        subscription_scenarios.before_cut = None
         instrumentor.uninstrument()
         for provider in (tracer_provider, meter_provider, logger_provider):
             provider.shutdown()

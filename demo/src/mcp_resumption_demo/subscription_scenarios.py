@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from starlette.applications import Starlette
@@ -54,21 +53,16 @@ def is_acknowledgment(event: ForwardedEvent) -> bool:
     return isinstance(message, dict) and message.get("method") == ACKNOWLEDGED
 
 
-# Awaited between the acknowledgment and the cut, when set: the runner, for a
-# Prometheus scrape, waits there for a scrape of the listen's series at 0.
-before_cut: Callable[[], Awaitable[None]] | None = None
-
-
 def cut_first_listen(backend: Any) -> Any:
     """The balancer's idle timeout cuts the first listen stream right after
-    its acknowledgment (a quiet stream: no change comes before the timeout),
-    or once ``before_cut`` returns; everything else goes through."""
+    its acknowledgment (a quiet stream: no change comes before the timeout);
+    everything else goes through."""
     cut: list[RequestHead] = []
 
     def policy(request: RequestHead) -> Route:
         if request.method == "POST" and request.jsonrpc_method == LISTEN and not cut:
             cut.append(request)
-            return Route(backend, sever_after=is_acknowledgment, before_sever=before_cut)
+            return Route(backend, sever_after=is_acknowledgment)
         return Route(backend)
 
     return policy
