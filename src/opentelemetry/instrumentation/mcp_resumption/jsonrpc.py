@@ -225,6 +225,16 @@ _LISTEN_KINDS = (
 )
 
 
+# Every value listen_filter gives: each combination of the kinds, and "none".
+LISTEN_FILTERS = (
+    *(
+        ",".join(label for index, (_, label) in enumerate(_LISTEN_KINDS) if mask >> index & 1)
+        for mask in range(1, 1 << len(_LISTEN_KINDS))
+    ),
+    "none",
+)
+
+
 def listen_filter(notifications: object) -> str:
     """The notifications a subscription asks for, as a bounded label: the
     kinds it names, sorted and joined by ``,`` (``prompts``,

@@ -54,7 +54,7 @@ from .facts import (
     transport_of,
 )
 from .forks import renew_after_fork
-from .jsonrpc import LISTEN, TOOLS_LIST, answer_errors, calls_in
+from .jsonrpc import LISTEN, TOOLS_LIST, answer_errors
 from .redaction import Redaction
 from .telemetry import EVENTS_BATCH, EVENTS_BATCH_SECONDS, TelemetrySink
 from .tracker import NOTHING, Step, Tracker, bounded_id
@@ -392,9 +392,6 @@ class ResumptionMonitor:
             context = StreamContext(facts, stream, transport)
         else:  # a candidate promoted: the patches already hold it
             context.__init__(facts, stream, transport)
-        if body is not None and requests and any(method == LISTEN for _, method in requests):
-            listens = (call.listen for call in calls_in(body) if call.listen is not None)
-            self.telemetry.subscriptions_opened(context, listens)
         if resume is None:
             return context
         context.span = resume.span

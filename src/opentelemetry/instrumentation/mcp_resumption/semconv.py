@@ -16,6 +16,7 @@ from opentelemetry.semconv.attributes.server_attributes import SERVER_PORT as SE
 
 from .continuity import GapKind, Outcome
 from .fates import Fate
+from .jsonrpc import LISTEN_FILTERS
 
 # The transports (mcp.transport values) are the tracker's names for them: one set.
 from .tracker import SSE as TRANSPORT_SSE
@@ -74,6 +75,9 @@ REISSUE_MAY_RUN_TWICE = "may_run_twice"  # not declared so, and the server's
 # protocol (before 2026-07-28) does not take a closed stream for cancellation
 REISSUE_RISKS = (REISSUE_SAFE, REISSUE_MAY_RUN_TWICE)
 BOOLEAN_VALUES = ("true", "false")
+# mcp.resumption.subscription.notifications: the kinds a subscription asked
+# for, sorted and joined by "," (jsonrpc.listen_filter), or "none".
+SUBSCRIPTION_FILTERS = LISTEN_FILTERS
 
 # -- spans and events
 RESUME_SPAN_NAME = "mcp.resume"

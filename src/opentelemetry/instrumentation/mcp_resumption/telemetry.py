@@ -17,7 +17,6 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry._logs import SeverityNumber, get_logger
@@ -331,6 +330,14 @@ class TelemetrySink:
             for fate in sc.FATES:
                 self._broken.add(0, {sc.REQUEST_FATE: fate, sc.MCP_TRANSPORT: transport, **server})
             base = {sc.MCP_TRANSPORT: transport, **server}
+            if transport == sc.TRANSPORT_STREAMABLE_HTTP:  # where subscriptions/listen exists
+                for notifications in sc.SUBSCRIPTION_FILTERS:
+                    for relistened in sc.BOOLEAN_VALUES:
+                        attributes = {
+                            sc.SUBSCRIPTION_NOTIFICATIONS: notifications,
+                            sc.SUBSCRIPTION_RELISTENED: relistened,
+                        }
+                        self._lost_subscriptions.add(0, {**attributes, **base})
             for idempotent in sc.IDEMPOTENT_VALUES:
                 for risk in sc.REISSUE_RISKS:
                     attributes = {sc.REISSUE_IDEMPOTENT: idempotent, sc.REISSUE_RISK: risk}
@@ -463,20 +470,6 @@ class TelemetrySink:
             subscription.notifications,
             exported_request_id(subscription.key),
         )
-
-    def subscriptions_opened(self, context: StreamContext, filters: Iterable[str]) -> None:
-        """Subscriptions are being opened with these notification filters:
-        the series their loss would count start at 0 now, long before it
-        (Prometheus' increase() cannot see a series born at 1; sixteen
-        filters per server started up front would be series nobody uses)."""
-        for notifications in set(filters):
-            for relistened in sc.BOOLEAN_VALUES:
-                attributes = {
-                    sc.SUBSCRIPTION_NOTIFICATIONS: notifications,
-                    sc.SUBSCRIPTION_RELISTENED: relistened,
-                    **context.attributes,
-                }
-                self._lost_subscriptions.add(0, attributes)
 
     def count_lost_subscription(self, subscription: LostSubscription) -> None:
         context = subscription.tag
