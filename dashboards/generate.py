@@ -418,7 +418,7 @@ def build() -> dict[str, Any]:
         "result or the client's own close: every change notification from the drop to the "
         "next listen is missed. Not a lost call: the cure is to re-listen and refetch. "
         "McpResumptionSubscriptionLost warns on one not re-listened. No data: no client "
-        "opened a subscription (a filter's series start at 0 when one with it opens).",
+        "saw a streamable-HTTP server (every filter's series start at 0 when one is seen).",
         f"sum({inc(LOST_SUBSCRIPTIONS)})", "short",
         [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
     ), 8, 4)
