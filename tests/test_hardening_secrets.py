@@ -104,6 +104,18 @@ def called_tools(wires) -> set[str]:
     }
 
 
+def request_ids(wires) -> set[str]:
+    """The ids of the requests the clients sent: the conventions export one
+    as ``jsonrpc.request.id`` on a gap about it (a subscription's id,
+    ``listen-1``, also stands in the server's acknowledgment of it)."""
+    return {
+        str(exchange.request.jsonrpc["id"])
+        for wire in wires
+        for exchange in wire.exchanges
+        if "id" in (exchange.request.jsonrpc or {}) and "method" in exchange.request.jsonrpc
+    }
+
+
 def session_and_query_secrets(target: str, headers: Iterable[tuple[str, str]]) -> set[str]:
     found = set()
     query = urlsplit(target).query
@@ -167,7 +179,7 @@ def wire_secrets(wires) -> dict[str, set[str]]:
     return {
         "session ids": sessions,
         "query strings": queries,
-        "event data": data - called_tools(wires),
+        "event data": data - called_tools(wires) - request_ids(wires),
     }
 
 
