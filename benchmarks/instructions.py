@@ -477,6 +477,22 @@ def _timed_command(command: list[str], repeats: int, small: int, small_argument:
     ]
 
 
+def per_unit(script: Path, names: tuple[str, ...], ns: tuple[int, int]) -> dict[str, float]:
+    """Instructions per unit of each of ``names``: ``script --worker NAME N``
+    counted under cachegrind at a small and a large N, the difference over
+    the difference in N (start-up and imports cancel)."""
+    valgrind = ensure_valgrind()
+    small, large = ns
+    found = {}
+    for name in names:
+        counts = [
+            count_instructions(valgrind, [sys.executable, str(script), "--worker", name, str(n)])
+            for n in (small, large)
+        ]
+        found[name] = (counts[1] - counts[0]) / (large - small)
+    return found
+
+
 def count_instructions(valgrind: str, command: list[str]) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "valgrind.log"

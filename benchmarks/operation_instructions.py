@@ -71,18 +71,10 @@ def main() -> None:
         worker(args.worker[0], int(args.worker[1]))
         return
     sys.path.insert(0, str(HERE))
-    from instructions import count_instructions, ensure_valgrind
+    from instructions import per_unit
 
-    valgrind = ensure_valgrind()
     small, large = args.ns
-    per_call = {}
-    script = str(Path(__file__).resolve())
-    for config in CONFIGS:
-        counts = [
-            count_instructions(valgrind, [sys.executable, script, "--worker", config, str(n)])
-            for n in (small, large)
-        ]
-        per_call[config] = (counts[1] - counts[0]) / (large - small)
+    per_call = per_unit(Path(__file__).resolve(), CONFIGS, (small, large))
     print(f"python {sys.version.split()[0]}, N {small}/{large}\n")
     print("| what | instructions per request |")
     print("|---|---:|")

@@ -88,19 +88,10 @@ def main() -> None:
         worker(args.worker[0], int(args.worker[1]))
         return
     sys.path.insert(0, str(HERE))
-    from instructions import count_instructions, ensure_valgrind
+    from instructions import per_unit
 
-    valgrind = ensure_valgrind()
     small, large = args.ns
-    per_post = {}
-    for stage in STAGES:
-        counts = [
-            count_instructions(
-                valgrind, [sys.executable, str(Path(__file__).resolve()), "--worker", stage, str(n)]
-            )
-            for n in (small, large)
-        ]
-        per_post[stage] = (counts[1] - counts[0]) / (large - small)
+    per_post = per_unit(Path(__file__).resolve(), STAGES, (small, large))
     print(f"python {sys.version.split()[0]}, N {small}/{large}\n")
     print("| stage | instructions per POST, added |")
     print("|---|---:|")
