@@ -641,3 +641,33 @@ def test_wire_counts_reads_the_wire() -> None:
     assert counts["duplicate_runs"] == {"all": 1}
     assert counts["lost_subscriptions"] == {"true": 1, "false": 1}
     assert counts["lost_subscriptions_by_filter"] == {"tools": 1, "prompts,tools": 1}
+
+
+def test_a_backend_that_closes_before_its_status_line_gets_502_without_stalling():
+    """A server that closes the connection before any status line (one ending
+    the session while a resume is on its way): the router answers 502.  Its
+    upstream reader gives b"" at the end, at once and for ever; read as a
+    blank line, the router looped on it without yielding and starved the
+    whole event loop (seen once as a hung test)."""
+    import httpx
+
+    from mcp_resumption_demo.router import Backend, Route, Router
+
+    async def scenario() -> int:
+        gone = await asyncio.start_server(lambda _reader, writer: writer.close(), "127.0.0.1", 0)
+        port = gone.sockets[0].getsockname()[1]
+        router = await Router(lambda request: Route(Backend("gone", port))).start()
+        try:
+            async with httpx.AsyncClient() as http:
+                return (await http.get(router.url + "/mcp")).status_code
+        finally:
+            await router.close()
+            gone.close()
+
+    result: list[int] = []
+    # A thread of its own: a starved event loop cannot time itself out.
+    runner = threading.Thread(target=lambda: result.append(asyncio.run(scenario())), daemon=True)
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive(), "the router stalled its event loop"
+    assert result == [502]

@@ -289,7 +289,10 @@ async def _read_head(readline: Callable[[], Awaitable[bytes | None]]) -> list[st
     lines: list[str] = []
     while True:
         raw = await readline()
-        if raw is None:
+        # None: the client leg's end; b"": a StreamReader's (the upstream's),
+        # which it returns at once and for ever: looping on it starved the
+        # event loop when a server closed before its status line.
+        if not raw:
             return None
         line = raw.decode("latin-1").rstrip("\r\n")
         if not line:
