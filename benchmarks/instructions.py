@@ -34,7 +34,7 @@ Instructions are converted to µs with a factor derived in the same run: each
 (row, configuration) is also run natively (``--timed`` times, small and large
 N), its loop timed with the process CPU clock; the factor is the median over
 all pairs of Δ CPU time ÷ Δ instructions.  The timed µs are printed as a
-secondary column.  Every target of issue 24 is marked PASS or MISS.
+secondary column.  Every target (issue 30's) is marked PASS or MISS.
 
 Environments: ``.venv-mcp2`` (event, POST and mcp 2.x rows) and
 ``.venv-bench-mcp1`` (mcp 1.x with the two peers), built by
@@ -114,9 +114,13 @@ ROWS: dict[str, tuple[Path, str, tuple[str, ...], tuple[int, int], tuple[int, in
     ),
 }
 EVENT_ROWS = {row for row, spec in ROWS.items() if spec[1] == "event"}
-EVENT_TARGET = 300  # instructions per event, ours - httpx-instr
-POST_TARGETS = {"POST→sse": 0.20, "POST→json": 0.15}  # x (httpx-instr - bare)
-TOOLS_TARGET = 0.30  # x (httpx-instr - bare), mcp 1.x
+# Per event: what the plugin adds, as a share of what the read itself costs
+# (bare): a ratio that noise cannot move, and a guard against regressions.
+# An exact count and the ring's append are ~300 by themselves, so an
+# absolute bound would only measure the noise of a read of ~25,000.
+EVENT_TARGET = 0.02  # x bare, ours - httpx-instr
+POST_TARGETS = {"POST→sse": 0.30, "POST→json": 0.15}  # x (httpx-instr - bare)
+TOOLS_TARGET = 0.35  # x (httpx-instr - bare), mcp 1.x; and below every peer
 
 
 # ------------------------------------------------------------------ the worker
@@ -721,8 +725,10 @@ def report(rows, quick, forced, counted, times, started, load) -> None:
                  f"httpx-instr ({without / httpx_adds:.3f} × httpx-instr's own)")
         ours = per[row, "ours"] - instr
         if unit == "event":
-            verdict = "PASS" if ours <= EVENT_TARGET else "MISS"
-            line(row, "ours", ours, "httpx-instr", f"≤ {EVENT_TARGET} per event", verdict)
+            share = ours / bare
+            verdict = "PASS" if share <= EVENT_TARGET else "MISS"
+            line(row, "ours", ours, f"httpx-instr ({share:.2%} of the read, bare)",
+                 f"≤ {EVENT_TARGET:.0%} of the read", verdict)
         elif row in POST_TARGETS:
             bound = POST_TARGETS[row]
             ratio = ours / httpx_adds
