@@ -18,7 +18,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from opentelemetry.sdk._logs import LoggerProvider
@@ -191,3 +193,30 @@ def scope_counts(export: dict, metric: str, attribute: str) -> dict[str, int]:
     # Every series of a server starts at 0 when it is first seen: what was
     # counted is what is above it.
     return {key: value for key, value in counts.items() if value}
+
+
+class OtlpHttpCollector:
+    """A stand-in OTLP/HTTP collector that records what it is sent."""
+
+    def __init__(self) -> None:
+        received = self.received = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                received.append((self.path, body))
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

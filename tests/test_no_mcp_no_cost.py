@@ -11,15 +11,13 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 
-from helpers import Telemetry
+from helpers import OtlpHttpCollector, Telemetry
 
 PROGRAM = Path(__file__).parent / "programs" / "never_mcp.py"
 BIN = Path(sys.executable).parent
@@ -89,36 +87,9 @@ def test_no_exit_delay_without_a_collector(protocol):
     raise AssertionError(f"more than {ALLOWED_MS} ms slower in every round: {rounds}")
 
 
-class Collector:
-    """A stand-in OTLP/HTTP collector that records what it is sent."""
-
-    def __init__(self) -> None:
-        received = self.received = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                received.append((self.path, body))
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 @pytest.fixture
 def collector():
-    running = Collector()
+    running = OtlpHttpCollector()
     yield running
     running.close()
 
