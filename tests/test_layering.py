@@ -26,9 +26,18 @@ def _rooms_after(room: str) -> set[str]:
     return set(ROOMS[ROOMS.index(room) + 1 :])
 
 
+# The rules, lowest first: what an event id proves, the rules and their
+# verdicts' words, one resume run through them.
+RULES = ("event_ids", "continuity", "resume_check")
+
+
+def _rules_after(module: str) -> set[str]:
+    return set(RULES[RULES.index(module) + 1 :])
+
+
 # Each module and the package modules it must never import at run time.
 ABOVE = {
-    "continuity": {"fates", "tracker", *ROOMS, *UPPER},
+    **{rule: {*_rules_after(rule), "fates", "tracker", *ROOMS, *UPPER} for rule in RULES},
     "fates": {"tracker", *ROOMS, *UPPER},
     "subscriptions": {"fates", "tracker", *ROOMS, *UPPER},
     **{room: {"tracker", *_rooms_after(room), *UPPER} for room in ROOMS},
@@ -49,7 +58,7 @@ ABOVE = {
 
 # The pure core: the rules, the ledgers and the tracker with its rooms import
 # the standard library and each other only (no OpenTelemetry, no HTTP client).
-PURE = ("continuity", "fates", "subscriptions", "jsonrpc", "forks", *ROOMS, "tracker")
+PURE = (*RULES, "fates", "subscriptions", "jsonrpc", "forks", *ROOMS, "tracker")
 
 
 def _runtime_imports(module: str) -> set[str]:
