@@ -19,7 +19,19 @@ PACKAGE = (
 # The rooms of the tracker (issue 30), lowest first: each may import the
 # rooms before it, never one after it, nor the tracker that composes them.
 ROOMS = ("seen_window", "records", "requests", "cursors", "breaks", "resumes", "streams")
-UPPER = {"facts", "redaction", "deadlines", "telemetry", "monitor", "processor", "patches"}
+# The parts of the owner (issue 30): the bases of ResumptionMonitor, each read
+# alone, none importing another (they meet in the monitor, through ``self``).
+OWNER_PARTS = ("channels", "hops", "findings", "stream_reports", "at_exit")
+UPPER = {
+    "facts", "redaction", "deadlines", "telemetry", "monitor", "processor", "patches",
+    *OWNER_PARTS,
+}
+# What the patches never reach into: the rules' modules and ledgers (of
+# ``continuity`` they take the errors enforce mode raises, and no more: see
+# below), the tracker's rooms and the owner's parts.
+NOT_FOR_PATCHES = {
+    "event_ids", "resume_check", "fates", "subscriptions", *ROOMS, *OWNER_PARTS,
+}
 
 
 def _rooms_after(room: str) -> set[str]:
@@ -42,18 +54,23 @@ ABOVE = {
     "subscriptions": {"fates", "tracker", *ROOMS, *UPPER},
     **{room: {"tracker", *_rooms_after(room), *UPPER} for room in ROOMS},
     "tracker": set(UPPER),
-    "facts": {"redaction", "deadlines", "telemetry", "monitor", "processor", "patches"},
-    "redaction": {"deadlines", "telemetry", "monitor", "processor", "patches"},
-    "deadlines": {"telemetry", "monitor", "processor", "patches"},
-    "telemetry": {"monitor", "processor", "patches"},
+    "facts": {"redaction", "deadlines", "telemetry", "monitor", "processor", "patches",
+              *OWNER_PARTS},
+    "redaction": {"deadlines", "telemetry", "monitor", "processor", "patches", *OWNER_PARTS},
+    "deadlines": {"telemetry", "monitor", "processor", "patches", *OWNER_PARTS},
+    "telemetry": {"monitor", "processor", "patches", *OWNER_PARTS},
+    **{
+        part: {"monitor", "processor", "patches", *(set(OWNER_PARTS) - {part})}
+        for part in OWNER_PARTS
+    },
     "monitor": {"processor", "patches"},
     "processor": {"patches"},
     # The patches know the tracker's API (its names re-exported there), not
-    # its rooms.
-    "patches": {"monitor", "processor", *ROOMS},
-    "patches.http": {"monitor", "processor", *ROOMS},
-    "patches.sse": {"monitor", "processor", "patches.http", *ROOMS},
-    "patches.mcp_sdk": {"monitor", "processor", "patches.http", "patches.sse", *ROOMS},
+    # its rooms, and the owner by its type only.
+    "patches": {"monitor", "processor", *NOT_FOR_PATCHES},
+    "patches.http": {"monitor", "processor", *NOT_FOR_PATCHES},
+    "patches.sse": {"monitor", "processor", "patches.http", *NOT_FOR_PATCHES},
+    "patches.mcp_sdk": {"monitor", "processor", "patches.http", "patches.sse", *NOT_FOR_PATCHES},
 }
 
 # The pure core: the rules, the ledgers and the tracker with its rooms import
@@ -118,6 +135,28 @@ def test_the_tracker_composes_every_room():
     """Each room is a module the tracker imports, so each is held to the
     order above (a new room takes its place in ``ROOMS``)."""
     assert set(ROOMS) <= _runtime_imports("tracker")
+
+
+def test_the_monitor_is_composed_of_every_part():
+    """Each part of the owner is a module the monitor imports, so each is
+    held to the rules above (a new part takes its place in ``OWNER_PARTS``)."""
+    assert set(OWNER_PARTS) <= _runtime_imports("monitor")
+
+
+def test_the_patches_take_only_the_errors_from_the_rules():
+    """A patch raises what enforce mode raises; it decides nothing, so it
+    imports nothing else of ``continuity`` (nor the module itself)."""
+    errors = {"ResumptionGapError", "ResumeCursorRaceError"}
+    for path in sorted((PACKAGE / "patches").glob("*.py")):
+        taken = {
+            alias.name
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+            if node.module == "continuity" or (node.module is None and alias.name == "continuity")
+            or (node.module or "").endswith(".continuity")
+        }
+        assert taken <= errors, f"patches/{path.name} takes {sorted(taken - errors)}"
 
 
 def test_the_check_sees_imports():
