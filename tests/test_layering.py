@@ -69,8 +69,19 @@ ABOVE = {
     # its rooms, and the owner by its type only.
     "patches": {"monitor", "processor", *NOT_FOR_PATCHES},
     "patches.http": {"monitor", "processor", *NOT_FOR_PATCHES},
-    "patches.sse": {"monitor", "processor", "patches.http", *NOT_FOR_PATCHES},
-    "patches.mcp_sdk": {"monitor", "processor", "patches.http", "patches.sse", *NOT_FOR_PATCHES},
+    # The feed of a stream's events, below the iteration patches that feed it.
+    "patches.feed": {
+        "monitor", "processor", "patches.http", "patches.sse", "patches.own_sse",
+        "patches.mcp_sdk", *NOT_FOR_PATCHES,
+    },
+    "patches.own_sse": {
+        "monitor", "processor", "patches.http", "patches.sse", "patches.feed", "patches.mcp_sdk",
+        *NOT_FOR_PATCHES,
+    },
+    "patches.sse": {"monitor", "processor", "patches.http", "patches.mcp_sdk", *NOT_FOR_PATCHES},
+    "patches.mcp_sdk": {
+        "monitor", "processor", "patches.http", "patches.sse", "patches.feed", *NOT_FOR_PATCHES,
+    },
 }
 
 # The pure core: the rules, the ledgers and the tracker with its rooms import
