@@ -207,3 +207,15 @@ def test_no_patch_module_keeps_a_channel():
             else:
                 assert not isinstance(value, (ast.List, ast.Set, ast.ListComp, ast.DictComp,
                                               ast.SetComp)), where
+
+
+def test_every_module_has_its_line_in_the_layout():
+    """docs/layout.md names every module of the package (a new module
+    takes its line there)."""
+    layout = (PACKAGE.parents[3] / "docs" / "layout.md").read_text()
+    missing = [
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if f"`{path.relative_to(PACKAGE)}`" not in layout
+    ]
+    assert not missing, f"not in docs/layout.md: {missing}"
