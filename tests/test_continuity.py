@@ -21,10 +21,10 @@ from opentelemetry.instrumentation.mcp_resumption.continuity import (
     Cursor,
     ObservedEvent,
     ReplayContract,
-    ResumptionGapError,
     StreamCursor,
     verify_resumption,
 )
+from opentelemetry.instrumentation.mcp_resumption.errors import ResumptionGapError
 from opentelemetry.instrumentation.mcp_resumption.event_ids import (
     MAX_ORDERED_ID_LENGTH,
     EventId,

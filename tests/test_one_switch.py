@@ -72,7 +72,7 @@ def test_the_client_half_switched_off_loads_none_of_its_modules(server):
         SERVER_HALF,
         # the server half's patches are made at ``import mcp`` (by name only)
         f"{PACKAGE}.patches",
-        f"{PACKAGE}.continuity",
+        f"{PACKAGE}.errors",
     }
 
 

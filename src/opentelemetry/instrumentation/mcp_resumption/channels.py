@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only
-    from .continuity import ResumptionGapError
+    from .errors import ResumptionGapError
     from .facts import StreamContext
     from .hops import _HopKey
 

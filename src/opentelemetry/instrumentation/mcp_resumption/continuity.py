@@ -12,8 +12,8 @@ around a resume into a :class:`Verdict`: an outcome and every gap found, each
 gap with what was expected, what was observed, and what to do about it.
 Here: the vocabulary (:class:`GapKind`, :class:`Outcome`, :class:`Gap`,
 :class:`Verdict`, the facts :class:`Cursor` and :class:`ObservedEvent`, the
-errors enforce mode raises), one ``*_rule`` function per gap kind, and the
-first seed's :func:`verify_resumption`.  What an event id proves about order
+errors the first seed's check raises), one ``*_rule`` function per gap kind,
+and the first seed's :func:`verify_resumption`.  What an event id proves about order
 is ``event_ids``; one resume attempt run through the rules, in the order
 things happen, is ``resume_check.ResumeCheck``.  Every caller of a rule calls
 it through this module (``continuity.<name>_rule``), so a rule is the one
@@ -67,6 +67,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from .errors import ResumptionGapError
 from .event_ids import MAX_COUNTER_DIGITS, EventId, compare_event_ids, parse_event_id
 
 __all__ = [
@@ -76,8 +77,6 @@ __all__ = [
     "ObservedEvent",
     "Outcome",
     "ReplayContract",
-    "ResumeCursorRaceError",
-    "ResumptionGapError",
     "StreamCursor",
     "Verdict",
     "verify_resumption",
@@ -116,15 +115,6 @@ class ReplayContract(str, Enum):
 
     EXCLUSIVE = "exclusive"  # events with id > c (the MCP SDKs' EventStore contract)
     INCLUSIVE = "inclusive"  # events with id >= c: the cursor event is sent again
-
-
-class ResumptionGapError(RuntimeError):
-    """Raised when a resumed MCP stream cannot be proven continuous."""
-
-
-class ResumeCursorRaceError(ResumptionGapError):
-    """The cursor names an event the application never consumed, and the
-    server replayed strictly after it: that event is lost exactly once."""
 
 
 # ------------------------------------------------------------------ facts

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from . import semconv as sc
-from .continuity import ResumptionGapError
+from .errors import ResumptionGapError
 from .jsonrpc import requests_in
 from .tracker import Stream, bounded_id
 

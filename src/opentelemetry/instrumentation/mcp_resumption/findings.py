@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from .continuity import Gap, GapKind, Outcome, ResumeCursorRaceError, ResumptionGapError
+from .continuity import Gap, GapKind, Outcome
+from .errors import ResumeCursorRaceError, ResumptionGapError
 from .tracker import NOTHING, Step
 
 if TYPE_CHECKING:  # annotations only

@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..continuity import ResumptionGapError
+from ..errors import ResumptionGapError
 from ..tracker import SEEN_WINDOW, SSE, Event
 from . import fault, guarded
 

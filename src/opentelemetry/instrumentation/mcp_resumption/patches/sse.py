@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ..continuity import ResumptionGapError
+from ..errors import ResumptionGapError
 from . import Targets, fault, guarded
 from .feed import Ends, asked_next, ended, feeding, normalised
 from .own_sse import Loop, OwnLoop
