@@ -25,7 +25,8 @@ __all__ = ["AtExit"]
 
 
 class AtExit:
-    """Settles every request and subscription still awaited."""
+    """Settles every request and subscription still awaited; the fates it
+    decides are reported as every step's are (``_fated``, ``findings``)."""
 
     # The owner's: its tracker and telemetry sink, and the responses being
     # read (response -> its stream context).

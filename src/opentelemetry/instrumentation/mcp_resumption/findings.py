@@ -40,7 +40,8 @@ def enforcement_error(gaps: tuple[Gap, ...]) -> ResumptionGapError:
 
 class Findings:
     """Reports what each step of the tracker found, and raises it in enforce
-    mode."""
+    mode (through ``_enforced``, ``channels``); ended operations go to the
+    monitor's ``_operations_ended``."""
 
     # The owner's: its settings, tracker, telemetry sink and timer, and the
     # attempts held open for their lineage or their requests' fates (stream

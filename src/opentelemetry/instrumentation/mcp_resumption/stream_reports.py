@@ -38,7 +38,9 @@ DEFAULT_RETRY_SECONDS = 1.0
 
 class StreamReports:
     """Feeds a stream's events, reads and end to the tracker, and holds what
-    its end leaves for the lineage."""
+    its end leaves for the lineage.  What a step found goes to ``_apply``
+    (``findings``), an error enforce mode raises through ``_enforced``
+    (``channels``), ended operations to the monitor's ``_operations_ended``."""
 
     # The owner's: whether the checks run, its settings, tracker, telemetry
     # sink, timer and deferred reports, the attempts held open for their
