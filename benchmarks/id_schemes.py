@@ -31,7 +31,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from opentelemetry.instrumentation.mcp_resumption.continuity import (
+from opentelemetry.instrumentation.mcp_resumption.event_ids import (
     MAX_ORDERED_ID_LENGTH,
     parse_event_id,
 )

@@ -36,7 +36,10 @@ def worker(stage: str, n: int) -> None:
     from post_in_process import SESSION, _body, _result
 
     from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
-    from opentelemetry.instrumentation.mcp_resumption.patches.sse import RING, Feed
+    try:
+        from opentelemetry.instrumentation.mcp_resumption.patches.feed import RING, Feed
+    except ImportError:  # a plugin from before the feed had a module of its own
+        from opentelemetry.instrumentation.mcp_resumption.patches.sse import RING, Feed
     from opentelemetry.instrumentation.mcp_resumption.tracker import STREAMABLE_HTTP, Tracker
 
     last = STAGES.index(stage)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from opentelemetry.instrumentation.mcp_resumption import continuity
-from opentelemetry.instrumentation.mcp_resumption.continuity import (
+from opentelemetry.instrumentation.mcp_resumption import event_ids
+from opentelemetry.instrumentation.mcp_resumption.event_ids import (
     EventId,
     compare_event_ids,
     corroborated,
@@ -153,7 +153,7 @@ def test_other_streams_of_the_session_do_not_matter():
 def test_the_parser_uses_no_regular_expression():
     """Linear by construction: string methods and one bounded scan; no
     pattern a crafted id could make backtrack."""
-    tree = ast.parse(inspect.getsource(continuity))
+    tree = ast.parse(inspect.getsource(event_ids))
     imported = {
         alias.name for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)
         for alias in node.names

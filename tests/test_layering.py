@@ -19,37 +19,77 @@ PACKAGE = (
 # The rooms of the tracker (issue 30), lowest first: each may import the
 # rooms before it, never one after it, nor the tracker that composes them.
 ROOMS = ("seen_window", "records", "requests", "cursors", "breaks", "resumes", "streams")
-UPPER = {"facts", "redaction", "deadlines", "telemetry", "monitor", "processor", "patches"}
+# The parts of the owner (issue 30): the bases of ResumptionMonitor, each read
+# alone, none importing another (they meet in the monitor, through ``self``).
+OWNER_PARTS = ("channels", "hops", "findings", "stream_reports", "at_exit")
+UPPER = {
+    "facts", "redaction", "deadlines", "telemetry", "monitor", "processor", "patches",
+    *OWNER_PARTS,
+}
+# What the patches never reach into: the rules' modules and ledgers (they
+# take the errors enforce mode raises from ``errors``), the tracker's rooms
+# and the owner's parts.
+NOT_FOR_PATCHES = {
+    "event_ids", "continuity", "resume_check", "fates", "subscriptions", *ROOMS,
+    *OWNER_PARTS,
+}
 
 
 def _rooms_after(room: str) -> set[str]:
     return set(ROOMS[ROOMS.index(room) + 1 :])
 
 
+# The rules, lowest first: what an event id proves, the rules and their
+# verdicts' words, one resume run through them.
+RULES = ("event_ids", "continuity", "resume_check")
+
+
+def _rules_after(module: str) -> set[str]:
+    return set(RULES[RULES.index(module) + 1 :])
+
+
 # Each module and the package modules it must never import at run time.
 ABOVE = {
-    "continuity": {"fates", "tracker", *ROOMS, *UPPER},
+    # What enforce mode raises: below everything, importing nothing of ours.
+    "errors": {*RULES, "fates", "tracker", *ROOMS, *UPPER},
+    **{rule: {*_rules_after(rule), "fates", "tracker", *ROOMS, *UPPER} for rule in RULES},
     "fates": {"tracker", *ROOMS, *UPPER},
     "subscriptions": {"fates", "tracker", *ROOMS, *UPPER},
     **{room: {"tracker", *_rooms_after(room), *UPPER} for room in ROOMS},
     "tracker": set(UPPER),
-    "facts": {"redaction", "deadlines", "telemetry", "monitor", "processor", "patches"},
-    "redaction": {"deadlines", "telemetry", "monitor", "processor", "patches"},
-    "deadlines": {"telemetry", "monitor", "processor", "patches"},
-    "telemetry": {"monitor", "processor", "patches"},
+    "facts": {"redaction", "deadlines", "telemetry", "monitor", "processor", "patches",
+              *OWNER_PARTS},
+    "redaction": {"deadlines", "telemetry", "monitor", "processor", "patches", *OWNER_PARTS},
+    "deadlines": {"telemetry", "monitor", "processor", "patches", *OWNER_PARTS},
+    "telemetry": {"monitor", "processor", "patches", *OWNER_PARTS},
+    **{
+        part: {"monitor", "processor", "patches", *(set(OWNER_PARTS) - {part})}
+        for part in OWNER_PARTS
+    },
     "monitor": {"processor", "patches"},
     "processor": {"patches"},
     # The patches know the tracker's API (its names re-exported there), not
-    # its rooms.
-    "patches": {"monitor", "processor", *ROOMS},
-    "patches.http": {"monitor", "processor", *ROOMS},
-    "patches.sse": {"monitor", "processor", "patches.http", *ROOMS},
-    "patches.mcp_sdk": {"monitor", "processor", "patches.http", "patches.sse", *ROOMS},
+    # its rooms, and the owner by its type only.
+    "patches": {"monitor", "processor", *NOT_FOR_PATCHES},
+    "patches.http": {"monitor", "processor", *NOT_FOR_PATCHES},
+    # The feed of a stream's events, below the iteration patches that feed it.
+    "patches.feed": {
+        "monitor", "processor", "patches.http", "patches.sse", "patches.own_sse",
+        "patches.mcp_sdk", *NOT_FOR_PATCHES,
+    },
+    "patches.own_sse": {
+        "monitor", "processor", "patches.http", "patches.sse", "patches.feed", "patches.mcp_sdk",
+        *NOT_FOR_PATCHES,
+    },
+    "patches.sse": {"monitor", "processor", "patches.http", "patches.mcp_sdk", *NOT_FOR_PATCHES},
+    "patches.mcp_sdk": {
+        "monitor", "processor", "patches.http", "patches.sse", "patches.feed", *NOT_FOR_PATCHES,
+    },
 }
 
 # The pure core: the rules, the ledgers and the tracker with its rooms import
 # the standard library and each other only (no OpenTelemetry, no HTTP client).
-PURE = ("continuity", "fates", "subscriptions", "jsonrpc", "forks", *ROOMS, "tracker")
+PURE = ("errors", *RULES, "fates", "subscriptions", "jsonrpc", "forks", *ROOMS, "tracker")
 
 
 def _runtime_imports(module: str) -> set[str]:
@@ -111,6 +151,12 @@ def test_the_tracker_composes_every_room():
     assert set(ROOMS) <= _runtime_imports("tracker")
 
 
+def test_the_monitor_is_composed_of_every_part():
+    """Each part of the owner is a module the monitor imports, so each is
+    held to the rules above (a new part takes its place in ``OWNER_PARTS``)."""
+    assert set(OWNER_PARTS) <= _runtime_imports("monitor")
+
+
 def test_the_check_sees_imports():
     """The checker itself finds what a module does import (else the test
     above could never fail)."""
@@ -148,3 +194,15 @@ def test_no_patch_module_keeps_a_channel():
             else:
                 assert not isinstance(value, (ast.List, ast.Set, ast.ListComp, ast.DictComp,
                                               ast.SetComp)), where
+
+
+def test_every_module_has_its_line_in_the_layout():
+    """docs/layout.md names every module of the package (a new module
+    takes its line there)."""
+    layout = (PACKAGE.parents[3] / "docs" / "layout.md").read_text()
+    missing = [
+        str(path.relative_to(PACKAGE))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if f"`{path.relative_to(PACKAGE)}`" not in layout
+    ]
+    assert not missing, f"not in docs/layout.md: {missing}"

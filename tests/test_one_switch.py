@@ -22,6 +22,10 @@ from helpers import clean_env, example_server
 pytestmark = pytest.mark.mcp2
 
 PROGRAM = Path(__file__).parent / "programs" / "mcp2_once.py"
+# The checkout's package, whichever tree the environment installed: which
+# modules load is a property of this code (the entry points are still the
+# installed distribution's).
+SRC = Path(__file__).resolve().parents[1] / "src"
 BIN = Path(sys.executable).parent
 PACKAGE = "opentelemetry.instrumentation.mcp_resumption"
 SERVER_HALF = f"{PACKAGE}.server"
@@ -44,6 +48,7 @@ def modules_of_a_client(url: str, disabled: str) -> set[str]:
         OTEL_METRICS_EXPORTER="none",
         OTEL_LOGS_EXPORTER="none",
         OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=disabled,
+        PYTHONPATH=str(SRC),
     )
     result = subprocess.run(
         [str(BIN / "opentelemetry-instrument"), sys.executable, str(PROGRAM), url],
@@ -72,7 +77,7 @@ def test_the_client_half_switched_off_loads_none_of_its_modules(server):
         SERVER_HALF,
         # the server half's patches are made at ``import mcp`` (by name only)
         f"{PACKAGE}.patches",
-        f"{PACKAGE}.continuity",
+        f"{PACKAGE}.errors",
     }
 
 

@@ -4,10 +4,14 @@ set of gap kinds (tracker_scenarios)."""
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from opentelemetry.instrumentation.mcp_resumption import continuity
-from opentelemetry.instrumentation.mcp_resumption.continuity import GapKind, ResumeCheck
+from opentelemetry.instrumentation.mcp_resumption.continuity import GapKind
+from opentelemetry.instrumentation.mcp_resumption.resume_check import ResumeCheck
 from tracker_scenarios import SCENARIOS
 
 KIND_OF_RULE = {
@@ -68,6 +72,22 @@ def test_every_gap_kind_has_one_rule_and_every_rule_reports_its_own_kind(monkeyp
         monkeypatch.setattr(continuity, rule, recording(rule, getattr(continuity, rule)))
     _kinds()
     assert reported == {rule: {kind} for rule, kind in KIND_OF_RULE.items()}
+
+
+def test_every_caller_calls_a_rule_through_continuity():
+    """A module that bound a rule by name (``from .continuity import
+    x_rule``) would keep the original when the tests below turn it into a
+    no-op, and their mutation would prove nothing about that caller."""
+    package = Path(continuity.__file__).parent
+    bound = {
+        f"{path.relative_to(package)}: {alias.name}"
+        for path in package.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("continuity")
+        for alias in node.names
+        if alias.name.endswith("_rule") or alias.name == "*"
+    }
+    assert not bound
 
 
 @pytest.mark.parametrize("rule", RULES)

@@ -33,12 +33,8 @@ from .package import _instruments
 from .version import __version__
 
 if TYPE_CHECKING:
-    from .continuity import (
-        ResumeCursorRaceError,
-        ResumptionGapError,
-        StreamCursor,
-        verify_resumption,
-    )
+    from .continuity import StreamCursor, verify_resumption
+    from .errors import ResumeCursorRaceError, ResumptionGapError
     from .patches import Installation
     from .processor import ContinuityProcessor
 
@@ -60,8 +56,8 @@ _logger = logging.getLogger(__name__)
 # the pre-instrument hook, in processes where the client half is disabled.
 _LAZY = {
     "ContinuityProcessor": "processor",
-    "ResumeCursorRaceError": "continuity",
-    "ResumptionGapError": "continuity",
+    "ResumeCursorRaceError": "errors",
+    "ResumptionGapError": "errors",
     "StreamCursor": "continuity",
     "verify_resumption": "continuity",
 }

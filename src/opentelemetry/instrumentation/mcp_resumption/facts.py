@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from . import semconv as sc
-from .continuity import ResumptionGapError
+from .errors import ResumptionGapError
 from .jsonrpc import requests_in
 from .tracker import Stream, bounded_id
 
@@ -118,7 +118,7 @@ class StreamContext:
         self.events_key = (transport, facts.host, facts.port)
         self.status = 0  # of a candidate (``stream`` None), for when it is promoted
         # The SSE patch's record of a stream read without reporting each
-        # event (patches.sse.Feed), and a weak reference to the iterator
+        # event (patches.feed.Feed), and a weak reference to the iterator
         # that reads it (the close patch asks whether a close comes from
         # inside a read).
         self.feed: Any = None

@@ -18,6 +18,15 @@ rules find to the telemetry sink.  Rules and metrics run on every
 observation, whether the trace is sampled or not, so sampling never changes
 the counts.
 
+This module holds the owner (what it makes, its lifecycle) and the request's
+side: a request sent, its answer, the stream's context opened, a JSON answer
+and the operations it ends.  The rest of the one object is in its bases, one
+module each, to be read alone: ``stream_reports`` (a stream's events, reads
+and end), ``hops`` (a resume's answer parked until the client follows it),
+``findings`` (what the rules found, reported and enforced), ``at_exit``
+(what is still awaited when the client stops waiting) and ``channels``
+(what the patches share).
+
 Imports go one way (tests/test_layering.py): the patches know the monitor
 by its type only, the monitor imports the tracker and rules, and the
 telemetry sink, redaction and timer it drives; none of those imports it.
@@ -25,81 +34,36 @@ telemetry sink, redaction and timer it drives; none of those imports it.
 
 from __future__ import annotations
 
-import contextvars
-import threading
-import time
-import weakref
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry import metrics, trace
 
 from . import config
 from . import semconv as sc
-from .continuity import (
-    Gap,
-    GapKind,
-    Outcome,
-    ResumeCursorRaceError,
-    ResumptionGapError,
-)
+from .at_exit import AtExit
+from .channels import PatchChannels
 from .deadlines import Deadlines
-from .deferral import Deferred, collecting
-from .facts import (
-    RequestFacts,
-    ResumeStart,
-    StreamContext,
-    legacy_session_from_endpoint,
-    transport_of,
-)
+from .deferral import Deferred
+from .facts import RequestFacts, ResumeStart, StreamContext, transport_of
+from .findings import Findings
 from .forks import renew_after_fork
+from .hops import Hops, _Hop
 from .jsonrpc import LISTEN, TOOLS_LIST, answer_errors
 from .redaction import Redaction
-from .telemetry import EVENTS_BATCH, EVENTS_BATCH_SECONDS, TelemetrySink
-from .tracker import NOTHING, Step, Tracker, bounded_id
-
-# What the MCP SDKs wait before a reconnect when the server sent no retry:.
-DEFAULT_RETRY_SECONDS = 1.0
-
-_HopKey = tuple[str, str, "str | None"]  # server, Last-Event-ID, Mcp-Session-Id
+from .stream_reports import StreamReports
+from .telemetry import TelemetrySink
+from .tracker import Step, Tracker, bounded_id
 
 
-@dataclass
-class _Hop:
-    """A resume answered without a stream the client may still follow: a 3xx
-    (the MCP SDKs follow same-origin redirects themselves, one request per
-    hop), a 2xx that is not an event stream (mcp 2.x retries it), or a
-    rejection that would orphan requests (both SDKs retry it).  Part of the
-    attempt, not a verdict: the next request with the same cursor and session
-    continues the attempt, and only if none comes is this answer judged.
-    Parked at most a confirmation window, so the parked set stays small."""
-
-    facts: RequestFacts
-    resume: ResumeStart
-    status: int  # 0: no HTTP answer (``error`` says what the client raised)
-    session_id: str | None
-    deadline: list | None = None
-    error: str | None = None
-
-
-# Outcomes of a resume that could not bring any answer.
-_REFUSED = (Outcome.REJECTED, Outcome.FAILED)
-
-
-def enforcement_error(gaps: tuple[Gap, ...]) -> ResumptionGapError:
-    message = "; ".join(gap.message for gap in gaps)
-    if any(gap.kind is GapKind.DRAIN_RACE for gap in gaps):
-        return ResumeCursorRaceError(message)
-    return ResumptionGapError(message)
-
-
-class ResumptionMonitor:
+class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels):
     """Runs the continuity checks for every MCP stream the patches observe.
 
     Not a span processor itself: :class:`~.processor.ContinuityProcessor` is
     this class with the span processor's face, which is what the
-    instrumentor makes and binds.
+    instrumentor makes and binds.  Its bases are its parts (see the module's
+    docstring); no method is defined in two of them.
     """
 
     def __init__(
@@ -136,54 +100,8 @@ class ResumptionMonitor:
         self._held: dict[int, StreamContext] = {}
         self._deferred = Deferred()
         renew_after_fork(self._deferred)
-        self._hops: dict[_HopKey, _Hop] = {}
-        self._hops_lock = threading.Lock()
-
-        # The responses being read and their redirects, shared by the HTTP
-        # and SSE patches of this owner.
-        # response -> the stream context its EventSource reads through
-        self.streams: weakref.WeakKeyDictionary[Any, StreamContext] = (
-            weakref.WeakKeyDictionary()
-        )
-        # The next request of a redirect the client follows itself (one
-        # ``send`` per hop, as the MCP SDKs do) -> the JSON-RPC requests of
-        # the request it redirects: the re-sent body is a stream
-        # ``request.content`` cannot give.
-        self.redirected: weakref.WeakKeyDictionary[Any, list[tuple[str, str]]] = (
-            weakref.WeakKeyDictionary()
-        )
-        # How many frames above the close patch's check a reader's frame was
-        # found when a client closed a response inside its read (a few call
-        # chains of the libraries': looked at before a walk up the stack).
-        self.read_depths: list[int] = []
-
-        # Per-task channels between the patches, one set per owner (an
-        # owner lives for one instrument() cycle, so the few variables a
-        # process ever makes stay few).
-        # For the HTTP client span that the httpx instrumentation opens
-        # inside the patched call, read in on_start: its attributes, and
-        # whether its URL may name the legacy session.
-        self.request_scope: contextvars.ContextVar[
-            tuple[Mapping[str, Any] | None, bool] | None
-        ] = contextvars.ContextVar("mcp_resumption_request_attributes", default=None)
-        # Hops parked by the reconnect loop of the running task (the MCP SDK
-        # patch sets a list): when that loop returns, the client has stopped
-        # following them.
-        self.hop_scope: contextvars.ContextVar[list[_HopKey] | None] = contextvars.ContextVar(
-            "mcp_resumption_hop_scope", default=None
-        )
-        # Streams that ended holding their lineage's requests inside an MCP
-        # SDK reconnect loop: when the loop returns, the client has stopped
-        # resuming them.
-        self.lineage_scope: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
-            "mcp_resumption_lineage_scope", default=None
-        )
-        # Gap errors raised in enforce mode, collected per task by the MCP SDK
-        # patch so that the SDK's reconnect loop can fail the pending request
-        # instead of retrying.
-        self.enforced_errors: contextvars.ContextVar[list[ResumptionGapError] | None] = (
-            contextvars.ContextVar("mcp_resumption_enforced_errors", default=None)
-        )
+        Hops.__init__(self)
+        PatchChannels.__init__(self)
 
     def attach(self) -> bool:
         """Start receiving span starts; the span-processor face
@@ -201,16 +119,6 @@ class ResumptionMonitor:
         self._deferred.close()
         self._deadlines.close()
 
-    def _enforced(self, error: ResumptionGapError) -> ResumptionGapError:
-        """``error`` is about to leave a patch on purpose (enforce mode): the
-        MCP SDK patch's reconnect loop, if this task runs in one, is told
-        here, where the error is raised, so that it fails the pending
-        request instead of retrying."""
-        raised = self.enforced_errors.get()
-        if raised is not None:
-            raised.append(error)
-        return error
-
     # ------------------------------------------------------ session-id policy
 
     def session_attribute(self, session_id: str | None) -> str | None:
@@ -219,7 +127,7 @@ class ResumptionMonitor:
     def scrub(self, text: str, session_ids: Iterable[str | None]) -> str:
         return self.redaction.scrub(text, session_ids)
 
-    # ------------------------------------------------------ facts in
+    # ------------------------------------------------------ the request's side
 
     def request_attributes(self, facts: RequestFacts) -> dict[str, Any]:
         if not self.attached:
@@ -428,314 +336,6 @@ class ResumptionMonitor:
         at each response; also callable by hand for servers known up front."""
         self.telemetry.server_seen(address, port)
 
-    def event(
-        self, context: StreamContext, event_type: str, event_id: str | None, data: str
-    ) -> None:
-        """An event is about to be handed to the application.  In enforce mode
-        raises the gap error instead, so the application never sees an event
-        of an unproven stream."""
-        if context.error is not None:
-            raise self._enforced(context.error)
-        if not self.enabled or context.stream is None:
-            return
-        context.uncounted += 1
-        if context.uncounted >= EVENTS_BATCH or (
-            time.monotonic() - context.counted_at >= EVENTS_BATCH_SECONDS
-        ):
-            self.telemetry.count_events(context)
-        if event_type == "endpoint":
-            session_id = legacy_session_from_endpoint(data)
-            if session_id is not None:
-                self.tracker.bind_session(context.stream, session_id)
-            return
-        step = self.tracker.event_received(context.stream, event_id, data)
-        if self.tracker.operations_done:
-            self._operations_ended()
-        if step is not NOTHING:
-            self._apply(context, step)
-            if context.error is not None:
-                raise self._enforced(context.error)
-
-    def feed(self, context: StreamContext, feed: Any) -> None:
-        """The SSE patch records the stream's events in ``feed`` (see
-        ``patches.sse``) and reports only those a rule must see as they come
-        (``feed_event``); the tracker reads the rest when it needs them."""
-        context.feed = feed
-        self.tracker.attach_feed(context.stream, feed)
-        self.telemetry.event_totals.watch(context)
-
-    def feed_event(self, context: StreamContext, feed: Any, sse: Any) -> None:
-        """One event of a fed stream that a rule must see now; ``event`` for
-        a fed stream."""
-        if context.error is not None:
-            raise self._enforced(context.error)
-        if not self.enabled:
-            return
-        step = self.tracker.fed_event(context.stream, feed.normalise, sse)
-        if self.tracker.operations_done:
-            self._operations_ended()
-        if step is not NOTHING:
-            self._apply(context, step)
-            if context.error is not None:
-                raise self._enforced(context.error)
-
-    def asked_next(self, context: StreamContext) -> None:
-        """The application asked for the next event.  ``event`` implies it for
-        the event before; this is for a read that then ends, fails or is
-        cancelled without one."""
-        if context.feed is not None:
-            context.feed.held = False  # what the tracker reads of a fed stream
-        if context.stream is not None:
-            self.tracker.event_consumed(context.stream)
-
-    def retry_seen(self, context: StreamContext, retry_ms: int) -> None:
-        """The stream carried a ``retry:`` field (a polling server)."""
-        if context.stream is not None and isinstance(retry_ms, int) and retry_ms >= 0:
-            self.tracker.retry_seen(context.stream, retry_ms)
-
-    def ended(
-        self,
-        context: StreamContext,
-        reason: str,
-        *,
-        closed_by_client: bool = False,
-        clean: bool = False,
-    ) -> None:
-        """The stream ended; ``clean``: its body ended normally, not by a
-        read error (a server closing a polling stream on purpose)."""
-        if context.stream is None:
-            return  # a candidate never promoted: not MCP, nothing to report
-        if collecting():
-            # An iterator finalised by the GC, maybe at an allocation made while
-            # this thread holds the tracker's or the SDK's lock: report later.
-            self._deferred.put(self._ended, context, reason, closed_by_client, clean)
-            return
-        self._ended(context, reason, closed_by_client, clean)
-
-    def _ended(
-        self, context: StreamContext, reason: str, closed_by_client: bool, clean: bool
-    ) -> None:
-        self.telemetry.count_events(context)
-        if context.feed is not None:
-            self.telemetry.event_totals.unwatch(context)
-        self._deadlines.cancel(context.deadline)
-        held_open = bool(context.started) and (
-            time.monotonic() - context.started >= self.settings.confirm_timeout
-        )
-        step = self.tracker.stream_ended(
-            context.stream, reason, closed_by_client=closed_by_client, clean=clean,
-            held_open=held_open,
-        )
-        self._settle_end(context, step)
-        if self.tracker.operations_done:
-            self._operations_ended()
-        if self.tracker.ran_twice_found:
-            self._report_ran_twice()
-
-    def _settle_end(self, context: StreamContext, step: Step) -> None:
-        """Apply what a stream's end found.  Requests still pending go on with
-        the lineage: a client that does not resume it within the retry it was
-        asked for and the confirmation window has stopped resuming them, and
-        they are orphaned then (the ended attempt closes with them)."""
-        self._apply(context, step)
-        if step.held:
-            self._held[context.stream.key] = context
-            scope = self.lineage_scope.get()
-            if scope is not None:
-                scope.append(context)
-            retry = context.stream.retry_ms
-            grace = (retry / 1000 if retry is not None else DEFAULT_RETRY_SECONDS) + (
-                self.settings.confirm_timeout
-            )
-            why = f"the client did not resume the stream within {grace:g} s"
-            self._deadlines.add(grace, lambda: self.lineage_ended(context, why))
-
-    def lineage_ended(self, context: StreamContext, why: str) -> None:
-        """The client stopped resuming the lineage of ``context``'s stream:
-        what it still held waits for its fate (called when its grace has
-        passed); the attempt closes with those fates."""
-        self._apply(context, self.tracker.lineage_ended(context.stream, why))
-        check = context.stream.check
-        if check is None or check.closed or not check.held:
-            self._held.pop(context.stream.key, None)
-
-    # ------------------------------------------------------ hops
-
-    def _is_hop(self, facts: RequestFacts, status: int, event_stream: bool) -> bool:
-        if 300 <= status < 400:
-            return True  # whatever its content type, a redirect is never the stream itself
-        if status < 300:
-            return not event_stream
-        # A rejection: the MCP SDKs retry it.  Where it would orphan requests,
-        # the answer that ends the retries decides, so that the same answer
-        # gives the same outcome each time; with nothing in flight it is
-        # `rejected` at once.
-        return self.tracker.awaits_answers(
-            facts.server, facts.last_event_id or "", facts.session_id, facts.path
-        )
-
-    def _park(self, hop: _Hop) -> None:
-        key = (hop.facts.server, hop.facts.last_event_id or "", hop.facts.session_id)
-        with self._hops_lock:
-            replaced = self._hops.pop(key, None)
-            self._hops[key] = hop
-        if replaced is not None:  # another attempt with the same cursor: judge that one now
-            self._deadlines.cancel(replaced.deadline)
-            self._judge(replaced)
-        hop.deadline = self._deadlines.add(self.settings.confirm_timeout, lambda: self.settle(key))
-        scope = self.hop_scope.get()
-        if scope is not None:
-            scope.append(key)
-
-    def _unpark(self, key: _HopKey) -> _Hop | None:
-        with self._hops_lock:
-            hop = self._hops.pop(key, None)
-        if hop is not None:
-            self._deadlines.cancel(hop.deadline)
-        return hop
-
-    def settle(self, key: _HopKey) -> None:
-        """No request followed the hop parked under ``key``: judge its answer."""
-        hop = self._unpark(key)
-        if hop is not None:
-            self._judge(hop)
-
-    def _judge(self, hop: _Hop) -> None:
-        self._open(hop.facts, hop.resume, hop.status, hop.session_id, False, error=hop.error)
-
-    def request_failed(self, facts: RequestFacts, resume: ResumeStart, error: str) -> None:
-        """A resume got no HTTP answer (``error``: the type the client
-        raised).  Part of the attempt, as a rejection is: the MCP SDKs try
-        again, and the last try's answer is the verdict."""
-        self._park(_Hop(facts, resume, 0, None, error=error))
-
-    # ------------------------------------------------------ findings out
-
-    def _timeout(self, context: StreamContext) -> None:
-        seconds = self.settings.confirm_timeout
-        self._apply(context, self.tracker.timeout(context.stream, seconds))
-
-    def _apply(self, context: StreamContext, step: Step) -> None:
-        if step is NOTHING:
-            return
-        for broken in step.broke:
-            broken.tag = context
-        check = context.stream.check
-        if check is not None and check.held and not check.closed:
-            # Waits for its requests' fates: closed by a later step.
-            self._held.setdefault(context.stream.key, context)
-        for gap in step.gaps:
-            self.telemetry.gap(context, gap)
-        for subscription, gap in step.lost_subscriptions:
-            subscription.tag = context
-            self.telemetry.subscription_lost(context, subscription, gap)
-        if step.lost_subscriptions:
-            self._deadlines.add(self.settings.confirm_timeout, self._subscriptions_due)
-        if step.not_resumable:
-            self.telemetry.not_resumable(context, awaiting=len(step.broke))
-        if step.verdict is not None:
-            self._deadlines.cancel(context.deadline)
-            context.decided = time.monotonic()
-            # Its calls still in flight, and those it handed out to their
-            # fates in this same step.
-            awaiting = (check.awaiting if check is not None else 0) + len(step.broke)
-            self.telemetry.decided(context, step.verdict, awaiting)
-        if step.final is not None:
-            # The attempt is over: one outcome, with every gap it had.
-            self.telemetry.finish(
-                context, step.final, check.cursor.transport if check else None
-            )
-        verdict = step.verdict
-        if (
-            self.settings.enforce
-            and verdict is not None
-            and verdict.outcome in _REFUSED
-            and check is not None
-            and check.held
-            and context.error is None
-        ):
-            # The requests this stream was to answer will not come: the
-            # pending call fails now rather than at the caller's timeout.
-            context.error = self._enforced(
-                ResumptionGapError(
-                    f"the resume was {verdict.outcome.value}: the requests in flight on the "
-                    "broken stream will not be answered; re-initialize and re-issue them"
-                )
-            )
-        if step.gaps and self.settings.enforce and context.error is None:
-            context.error = enforcement_error(step.gaps)
-            if context.stream.ended:
-                # No read left to raise it into: the MCP SDK's reconnect
-                # loop, if this task runs one, fails the request instead of
-                # resuming again.
-                self._enforced(context.error)
-        self._fated(step, context)
-
-    def _fated(self, step: Step, context: StreamContext | None = None) -> None:
-        """Report the fates a step decided and the operations it ended, close
-        the attempts that waited for them, and time the reissue windows it
-        started; ``context``: the stream the step was observed on."""
-        if self.tracker.operations_done:
-            self._operations_ended()
-        if step is NOTHING:
-            return
-        for decided in step.fates:
-            # A lost request is a gap of the attempt that waited for it, if any.
-            holder = decided.broken.holder
-            attempt = self._held.get(holder.key) if holder is not None else None
-            if attempt is None and context is not None and context.stream is holder:
-                attempt = context
-            self.telemetry.fate(decided.broken.tag, decided, attempt)
-        for stream, final in step.closed:
-            held = self._held.pop(stream.key, None)
-            if held is None and context is not None and context.stream is stream:
-                held = context  # closed by the step that made it wait
-            if held is not None:
-                check = stream.check
-                self.telemetry.finish(held, final, check.cursor.transport if check else None)
-        if step.window:
-            self._deadlines.add(self.settings.confirm_timeout, self._fates_due)
-
     def _operations_ended(self) -> None:
         for method, key, facts, error in self.tracker.take_operations():
             self.telemetry.operation(method, key, facts, error)
-
-    def _fates_due(self) -> None:
-        self._fated(self.tracker.fates_due(self.settings.confirm_timeout))
-
-    def _subscriptions_due(self) -> None:
-        due = self.tracker.subscriptions_due(self.settings.confirm_timeout)
-        for subscription in (*self.tracker.take_overflow(), *due):
-            self.telemetry.count_lost_subscription(subscription)
-
-    def _report_ran_twice(self) -> None:
-        for broken in self.tracker.take_ran_twice():
-            self.telemetry.ran_twice(broken.tag, broken)
-
-    def stop_waiting(self, why: str) -> None:
-        """The client stops waiting for every broken request (the process
-        exits, the instrumentation is removed): they are lost, and the
-        subscriptions still open with them, counted before the providers
-        flush."""
-        step = self.tracker.all_lost(why)
-        for subscription, gap in step.lost_subscriptions:
-            context = self._context_of(subscription)
-            if context is not None:
-                subscription.tag = context
-                self.telemetry.subscription_lost(context, subscription, gap)
-        self._fated(step)
-        self._report_ran_twice()
-        for subscription in (*self.tracker.take_overflow(), *self.tracker.all_subscriptions_due()):
-            self.telemetry.count_lost_subscription(subscription)
-
-    def _context_of(self, subscription: Any) -> StreamContext | None:
-        """The context of the open stream that carries ``subscription``."""
-        for context in list(self.streams.values()):
-            stream = context.stream
-            if (
-                stream is not None
-                and stream.server == subscription.server
-                and subscription.key in stream.carries
-            ):
-                return context
-        return None

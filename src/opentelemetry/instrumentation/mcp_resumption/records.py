@@ -25,9 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .continuity import Gap, ResumeCheck, Verdict
+from .continuity import Gap, Verdict
 from .fates import Broken, Decided
 from .jsonrpc import canonical_digest
+from .resume_check import ResumeCheck
 from .seen_window import SeenWindow
 from .subscriptions import LostSubscription
 

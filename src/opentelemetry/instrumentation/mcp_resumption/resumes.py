@@ -16,17 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .breaks import Breaks
-from .continuity import (
-    Cursor,
-    EventId,
-    Gap,
-    ReplayContract,
-    ResumeCheck,
-    corroborated,
-)
+from .continuity import Cursor, Gap, ReplayContract
+from .event_ids import EventId, corroborated
 from .fates import Broken, Decided
 from .jsonrpc import canonical_digest
 from .records import NOTHING, Step, Stream
+from .resume_check import ResumeCheck
 from .seen_window import SEEN_WINDOW, SeenWindow
 
 __all__ = ["Resumes"]

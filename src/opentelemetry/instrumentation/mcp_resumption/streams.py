@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .breaks import Breaks
-from .continuity import EventId, ObservedEvent, ReplayContract, reuses_id
+from .continuity import ObservedEvent, ReplayContract, reuses_id
 from .cursors import CursorIndex
+from .event_ids import EventId
 from .jsonrpc import TOOLS_LIST, is_message, responses_in
 from .records import MAX_KEPT_ID_BYTES, NOTHING, Step, Stream, bounded_id
 from .requests import Reissues, Requests

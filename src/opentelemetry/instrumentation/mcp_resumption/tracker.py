@@ -39,13 +39,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .breaks import Breaks
-from .continuity import (
-    EventId,
-    ReplayContract,
-    parse_declared,
-    parse_event_id,
-)
+from .continuity import ReplayContract
 from .cursors import CursorIndex
+from .event_ids import EventId, parse_declared, parse_event_id
 from .fates import Broken
 from .forks import renew_after_fork
 from .jsonrpc import (

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from opentelemetry.instrumentation.utils import unwrap
 from wrapt import register_post_import_hook, wrap_function_wrapper
 
-from ..continuity import ResumptionGapError
+from ..errors import ResumptionGapError
 
 _logger = logging.getLogger(__name__)
 # Sites whose fault was logged already: a logging de-dup for the process (a

@@ -21,7 +21,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
 from opentelemetry import trace
 
-from ..continuity import ResumptionGapError
+from ..errors import ResumptionGapError
 from ..facts import RequestFacts, StreamContext, legacy_session_in_query
 from ..tracker import bounded_id
 from . import Targets, fault, guarded

@@ -9,7 +9,7 @@ module (its decoder and parser classes, taken from the verified function's
 ``__globals__``): the events handed out are the library's own, its
 exceptions are raised at the same moment, closing the loop closes what
 closing the library's iterator would.  What it adds per event is written
-inline (``ends`` is how the fed stream ends, ``patches.sse``): count it,
+inline (``ends`` is how the fed stream ends, ``patches.feed``): count it,
 then report it (the first, and on a stream that carries requests each one
 that may hold a response) or append it to the ring.
 
@@ -37,7 +37,7 @@ from . import fault
 Loop = Callable[[Any, dict, Any, bool], Any]
 
 
-# Per event, each loop below adds what ``patches.sse`` describes and no
+# Per event, each loop below adds what ``patches.feed`` describes and no
 # more: a count in a cell of its own closure (``Feed.count_by``: an attribute
 # of the feed would cost a load and a store more), one flag, and the ring's
 # append; the flag is up for the first event and, on a stream that carries
