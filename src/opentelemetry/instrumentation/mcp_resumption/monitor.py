@@ -56,6 +56,7 @@ from .facts import (
 from .forks import renew_after_fork
 from .jsonrpc import LISTEN, TOOLS_LIST, answer_errors
 from .redaction import Redaction
+from .redis_state import state_store
 from .telemetry import EVENTS_BATCH, EVENTS_BATCH_SECONDS, TelemetrySink
 from .tracker import NOTHING, Step, Tracker, bounded_id
 
@@ -116,6 +117,11 @@ class ResumptionMonitor:
             self.settings.max_streams,
             self.settings.replay_contract,
             event_id_pattern=self.settings.event_id_pattern,
+            # Memory unless OTEL_PYTHON_MCP_RESUMPTION_STATE names a Redis;
+            # its fallbacks are counted once the sink below exists.
+            store=state_store(
+                self.settings, lambda op, why: self.telemetry.state_fallback(op, why)
+            ),
         )
         # enabled: the checks run (False once shut down); active: the
         # instrumentor's patches report here (between instrument() and
@@ -200,6 +206,7 @@ class ResumptionMonitor:
         self.telemetry.evictions.unwatch(self._evictions_token, self.tracker.evicted_streams)
         self._deferred.close()
         self._deadlines.close()
+        self.tracker.store.close()  # what is queued for the shared state, bounded
 
     def _enforced(self, error: ResumptionGapError) -> ResumptionGapError:
         """``error`` is about to leave a patch on purpose (enforce mode): the

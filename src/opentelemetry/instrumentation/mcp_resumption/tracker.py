@@ -66,6 +66,7 @@ from .records import (
 from .requests import SENT_TRIM, SENT_WINDOW, Operation, Reissues, Requests
 from .resumes import Resumes
 from .seen_window import SEEN_WINDOW
+from .shared_state import MEMORY, UNKNOWN_SESSION, SharedRecord, Store
 from .streams import StreamLife
 from .subscriptions import LostSubscription, SubscriptionLedger
 
@@ -87,8 +88,12 @@ class Tracker:
         max_streams: int = 10_000,
         contract: ReplayContract = ReplayContract.EXCLUSIVE,
         event_id_pattern: object | None = None,
+        store: Store | None = None,
     ) -> None:
         self.contract = contract
+        # Where ended streams are shared with other processes (see
+        # ``shared_state``); the memory store shares nothing.
+        self.store: Store = store if store is not None else MEMORY
         # A declared scheme (a compiled regex with a ``counter`` group)
         # replaces the inference from the ids' shape.
         self._parse: Callable[[str | None], EventId | None] = (
@@ -190,6 +195,13 @@ class Tracker:
         cursor = bounded_id(last_event_id) or None
         claimed = request_session_id if request_session_id is not None else session_id
         index = self.index
+        shared = None
+        if cursor is not None and self.store.shared and cursor not in index.cursors:
+            # A cursor this process never saw (a restarted client, another
+            # instance's stream): the one read of the shared state, bounded,
+            # outside the lock.  (The membership test is a hint: the owner
+            # found under the lock wins over the record.)
+            shared = self.store.lookup(server, cursor)
         with self._lock:
             session = None
             if sent != ():
@@ -197,6 +209,8 @@ class Tracker:
                 self.requests.sent(session, sent, operation)
             self._flush(fold=cursor is not None)
             previous = index.owner(server, cursor, claimed, path) if cursor else None
+            if previous is None and shared is not None:
+                previous = self._restore(shared, cursor, claimed, path)
             if previous is not None and previous.session.session_id is not None:
                 session = previous.session
             elif session is None:
@@ -445,8 +459,14 @@ class Tracker:
         server closing it on purpose, and the next resume is a poll.
         ``held_open``: it was open at least the confirmation window, so an
         empty poll closed then is the server's "nothing new yet"."""
+        record = None
         with self._lock:
-            return self.life.end(stream, reason, closed_by_client, clean, held_open)
+            step = self.life.end(stream, reason, closed_by_client, clean, held_open)
+            if self.store.shared and stream.last_received is not None:
+                record = self._record(stream)
+        if record is not None:
+            self.store.save(record)  # queued for the store's writer: no I/O here
+        return step
 
     def lineage_ended(self, stream: Stream, why: str) -> Step:
         """The client did not resume ``stream`` (a resumed stream that ended
@@ -463,6 +483,87 @@ class Tracker:
             return self.resumes.run(stream, lambda: check.on_timeout(seconds))
 
     # ---------------------------------------------------------- internals
+
+    def _record(self, stream: Stream) -> SharedRecord:
+        """What a resume of ``stream``'s cursor in another process needs of
+        it (under the lock): its ids, its session's seen window, the
+        requests of its lineage still in flight."""
+        session = stream.session
+        session_id = session.session_id
+        if session_id is not None and session_id.startswith(UNKNOWN_SESSION):
+            # Restored from a record whose session this process never knew.
+            session_hash: str | None = session_id[len(UNKNOWN_SESSION) :]
+        else:
+            session_hash = self.store.session_hash(session_id)
+        lineage = stream.lineage
+        return SharedRecord.of(
+            server=stream.server,
+            session_id=session_id,
+            session_hash=session_hash,
+            path=stream.path,
+            transport=stream.transport,
+            last_received=stream.last_received,
+            last_consumed=stream.last_consumed,
+            seen=session.seen.items(),
+            meanings=stream.meanings,
+            pending=[
+                (key, method)
+                for key, (method, owner) in (session.pending or {}).items()
+                if owner is None or owner == lineage
+            ],
+            unconsumed_responses=stream.unconsumed_responses,
+            primed=stream.primed,
+            retry_ms=stream.retry_ms,
+            server_closed=stream.server_closed,
+            writer=getattr(self.store, "writer", ""),
+        )
+
+    def _restore(
+        self, record: SharedRecord, cursor: str, claimed: str | None, path: str | None
+    ) -> Stream | None:
+        """An ended stream rebuilt from another process's record of it
+        (under the lock): tracked as if this process had read it, so the
+        resume of ``cursor`` is judged by the same rules."""
+        if record.session_hash is None:
+            if record.path != path:
+                return None  # a sessionless stream's ids are its path's only
+            session_id = None
+        elif claimed is not None and self.store.session_hash(claimed) == record.session_hash:
+            session_id = claimed  # the session the client names is the cursor's
+        elif (embedded := record.session_in(cursor, self.store.session_hash)) is not None:
+            session_id = embedded  # the cursor itself names its session
+        else:
+            # Issued in another session, whose id this process never saw: a
+            # stand-in for it, never equal to a real one, so the answer's
+            # session id differs from it (``session_changed``).
+            session_id = UNKNOWN_SESSION + record.session_hash
+        restored = record.ids_for(session_id)
+        if restored is None:
+            return None
+        index = self.index
+        session = index.session(record.server, session_id, record.path)
+        # The requests it sent before are not all known here.
+        session.ledger_unknown = True
+        session.seen.remember_all(restored.seen)
+        stream = Stream(next(self._keys), record.server, record.transport, session, record.path)
+        stream.last_received = restored.last_received
+        stream.last_consumed = restored.last_consumed
+        stream.meanings = restored.meanings or None
+        stream.unconsumed_responses = restored.unconsumed_responses
+        stream.primed = restored.primed
+        stream.retry_ms = restored.retry_ms
+        stream.server_closed = restored.server_closed
+        stream.ended = True
+        index.admit(stream)
+        if restored.pending:
+            pending = session.pending if session.pending is not None else {}
+            for key, method in restored.pending.items():
+                pending.setdefault(key, (method, stream.lineage))
+            session.pending = pending
+        stream.dirty = True
+        index.dirty.append(stream)
+        index.flush()
+        return stream if cursor in (stream.last_received, stream.last_consumed) else None
 
     def _flush(self, fold: bool = False) -> None:
         """Bring the cursor index and the LRU order up to date with the

@@ -1,0 +1,325 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The shared state in Redis 6+ or Valkey (``OTEL_PYTHON_MCP_RESUMPTION_STATE``).
+
+No OpenTelemetry here: the owner (``monitor``) hands in ``on_fallback``, which
+counts a fallback in its metric.  redis-py is an optional extra
+(``state``); ``open_store`` says why it cannot open a store instead of
+raising, and the plugin then runs in memory.
+
+Costs and bounds, the reasons for each:
+
+* No call on the per-event path.  Writes go through one daemon thread: a
+  stream's end (``save``) appends its record to a bounded queue and returns;
+  the thread writes what has queued, many records per round trip.  So no
+  write ever blocks the host's event loop.
+* One read, only where the tracker's memory misses a cursor (a resume of a
+  stream this process never saw): one ``GET``, bounded by the socket
+  timeout.
+* Every operation is bounded (``TIMEOUT``, 50 ms, for the connect and each
+  reply; redis-py's own retries are off), then the breaker (``Breaker``)
+  skips Redis for ``COOLDOWN``: a Redis that is down, stopped or full costs
+  at most one timeout per cooldown per thread, and the tracker goes on in
+  memory.  Each operation that fell back is counted; the first of an
+  episode is logged, and its end.
+* One stream's update is one Lua script: every key of the record (one per
+  cursor it can be resumed with) is set together, so two instances never
+  split one stream's history, and an older record never overwrites a newer
+  one (the script compares the writers' clocks).
+* Every key has a TTL (``TTL``, one hour: a client that resumes later has
+  lost its stream on any server that keeps replay buffers less long).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from . import config
+from .shared_state import MEMORY, Breaker, SharedRecord, Store, keyed_hash
+
+__all__ = [
+    "COOLDOWN", "KEY_PREFIX", "TIMEOUT", "TTL", "RedisStore", "open_store", "state_store",
+]
+
+_logger = logging.getLogger(__name__)
+
+TIMEOUT = 0.05  # s, each Redis operation (connect, reply)
+COOLDOWN = 1.0  # s the breaker skips Redis after a failure
+TTL = 3600  # s, every key
+QUEUE = 1024  # records waiting to be written; past it the oldest is dropped (counted)
+BATCH = 64  # records per round trip
+KEY_PREFIX = "mcpres:v1"
+# The standard places for a password when the URL has none: redis-cli's, then
+# the common container images'.
+PASSWORD_VARIABLES = ("REDISCLI_AUTH", "REDIS_PASSWORD")
+
+# KEYS: the record's keys (one per cursor).  ARGV: the record, its TTL, its
+# clock.  A key whose record is newer (another instance resumed the stream
+# since) keeps it: the newest end of a stream wins, as a whole.
+_SAVE = """
+local newest = tonumber(ARGV[3])
+for i, key in ipairs(KEYS) do
+  local at = redis.call('HGET', key, 'at')
+  if at and tonumber(at) > newest then
+    return 0
+  end
+end
+for i, key in ipairs(KEYS) do
+  redis.call('HSET', key, 'record', ARGV[1], 'at', ARGV[3])
+  redis.call('EXPIRE', key, tonumber(ARGV[2]))
+end
+return 1
+"""
+
+# What each fallback is counted by (a bounded set: the metric's attribute).
+OPERATIONS = ("read", "write")
+REASONS = ("timeout", "connection", "full", "breaker_open", "queue_full", "error")
+
+
+def _reason(error: BaseException) -> str:
+    import redis.exceptions as errors
+
+    if isinstance(error, errors.TimeoutError):
+        return "timeout"
+    if isinstance(error, errors.ConnectionError):
+        return "connection"
+    if isinstance(error, errors.ResponseError) and "OOM" in str(error):
+        return "full"
+    return "error"
+
+
+def state_store(settings: config.Settings, on_fallback: Callable[[str, str], None]) -> Store:
+    """The store the settings ask for: memory unless a usable Redis URL and
+    a shared key are given (one warning, then memory, if not)."""
+    url = settings.state
+    if url is None:
+        return MEMORY
+    if settings.state_key is None:
+        # A random key per process: no other process could find a record.
+        config.warn_state(url, f"{config.STATE_KEY} is not set, so no other process could read it")
+        return MEMORY
+    store, why = open_store(url, settings.state_key, on_fallback)
+    if store is None:
+        config.warn_state(url, why or "unknown")
+        return MEMORY
+    return store
+
+
+def open_store(
+    url: str, key: bytes, on_fallback: Callable[[str, str], None]
+) -> tuple[RedisStore | None, str | None]:
+    """A store on ``url``, or None and why not (the caller warns once)."""
+    scheme = urlsplit(url).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        return None, f"{url!r} is not a redis://, rediss:// or unix:// URL"
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        return None, (
+            "the Redis client is not installed (pip install "
+            "'opentelemetry-instrumentation-mcp-resumption[state]')"
+        )
+    return RedisStore(url, key, on_fallback), None
+
+
+class RedisStore:
+    """Records shared through one Redis; see the module docstring."""
+
+    shared = True
+
+    def __init__(
+        self,
+        url: str,
+        key: bytes,
+        on_fallback: Callable[[str, str], None] = lambda operation, reason: None,
+        *,
+        timeout: float = TIMEOUT,
+        cooldown: float = COOLDOWN,
+        ttl: int = TTL,
+    ) -> None:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        password = None
+        if not urlsplit(url).password:
+            password = next(
+                (os.environ[name] for name in PASSWORD_VARIABLES if os.environ.get(name)), None
+            )
+        options = {"password": password} if password else {}
+        self._client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            # One try: the breaker, not redis-py, decides when to try again.
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+            **options,
+        )
+        self._save_script = self._client.register_script(_SAVE)
+        self._key = key
+        self._ttl = ttl
+        self._on_fallback = on_fallback
+        self._breaker = Breaker(cooldown)
+        self._breaker_lock = threading.Lock()
+        # This process, as records name their writer.
+        self.writer = uuid.uuid4().hex[:16]
+        self._queue: collections.deque[SharedRecord] = collections.deque()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._writing = False
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        # Counted, for the tests and the docs' cost table: round trips made.
+        self.reads = 0
+        self.writes = 0
+
+    # ------------------------------------------------------------ keys
+
+    def session_hash(self, session_id: str | None) -> str | None:
+        return None if session_id is None else keyed_hash(self._key, session_id)
+
+    def record_key(self, server: str, cursor: str) -> str:
+        """Where a record is kept: per server and per cursor, both hashed
+        (an event id may embed the session id)."""
+        return f"{KEY_PREFIX}:c:{keyed_hash(self._key, server)}:{keyed_hash(self._key, cursor)}"
+
+    # ------------------------------------------------------------ faults
+
+    def _allowed(self, operation: str) -> bool:
+        with self._breaker_lock:
+            allowed = self._breaker.allows()
+        if not allowed:
+            self._on_fallback(operation, "breaker_open")
+        return allowed
+
+    def _failed(self, operation: str, error: BaseException) -> None:
+        reason = _reason(error)
+        with self._breaker_lock:
+            started = self._breaker.failed()
+        self._on_fallback(operation, reason)
+        if started:
+            _logger.warning(
+                "mcp-resumption: the shared state in Redis failed (%s: %s); resumes are judged "
+                "from this process's memory until it answers again",
+                reason,
+                type(error).__name__,
+            )
+
+    def _succeeded(self) -> None:
+        with self._breaker_lock:
+            ended = self._breaker.succeeded()
+        if ended:
+            _logger.warning("mcp-resumption: the shared state in Redis answers again")
+
+    @property
+    def episodes(self) -> int:
+        return self._breaker.episodes
+
+    # ------------------------------------------------------------ reads
+
+    def lookup(self, server: str, cursor: str) -> SharedRecord | None:
+        """The record of the stream that issued ``cursor`` on ``server``, if
+        another process (or this one, earlier) wrote it: one bounded GET."""
+        if not self._allowed("read"):
+            return None
+        try:
+            self.reads += 1
+            raw = self._client.hget(self.record_key(server, cursor), "record")
+        except Exception as error:  # any fault of the store: memory goes on
+            self._failed("read", error)
+            return None
+        self._succeeded()
+        record = SharedRecord.decode(raw)
+        if record is None or record.server != server:
+            return None
+        return record
+
+    # ------------------------------------------------------------ writes
+
+    def save(self, record: SharedRecord) -> None:
+        """Queue ``record`` for the writer thread; never blocks, never
+        raises.  Past ``QUEUE`` records waiting, the oldest is dropped."""
+        if self._closed or not record.cursors():
+            return
+        with self._wake:
+            if len(self._queue) >= QUEUE:
+                self._queue.popleft()
+                self._on_fallback("write", "queue_full")
+            self._queue.append(record)
+            self._start()
+            self._wake.notify()
+
+    def _start(self) -> None:
+        if os.getpid() != self._pid:  # a forked child: its own thread, no inherited queue
+            self._pid = os.getpid()
+            self._thread = None
+            self._queue.clear()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="mcp-resumption-state-writer", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._closed:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
+                self._writing = True
+            try:
+                self._write(batch)
+            finally:
+                with self._wake:
+                    self._writing = False
+                    self._wake.notify_all()
+
+    def _write(self, batch: list[SharedRecord]) -> None:
+        if not self._allowed("write"):
+            return  # dropped: this process's memory still holds them
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for record in batch:
+                keys = [self.record_key(record.server, cursor) for cursor in record.cursors()]
+                self._save_script(keys=keys, args=[record.encode(), self._ttl, record.at],
+                                  client=pipe)
+            self.writes += 1
+            pipe.execute()
+        except Exception as error:  # any fault of the store: memory goes on
+            self._failed("write", error)
+            return
+        self._succeeded()
+
+    def flush(self, timeout: float = 1.0) -> bool:
+        """Wait until every queued record is written (or dropped), at most
+        ``timeout`` s: the tests, and the exit, wait for an event this way."""
+        deadline = time.monotonic() + timeout
+        with self._wake:
+            while self._queue or self._writing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(left)
+        return True
+
+    def close(self) -> None:
+        """Write what is queued (bounded), then stop the thread."""
+        self.flush(timeout=4 * TIMEOUT * max(1, len(self._queue) // BATCH))
+        with self._wake:
+            self._closed = True
+            self._queue.clear()
+            self._wake.notify_all()
+        with contextlib.suppress(Exception):  # closing a broken connection: nothing to do
+            self._client.close()
