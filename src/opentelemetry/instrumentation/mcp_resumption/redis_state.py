@@ -91,7 +91,9 @@ def _reason(error: BaseException) -> str:
         return "timeout"
     if isinstance(error, errors.ConnectionError):
         return "connection"
-    if isinstance(error, errors.ResponseError) and "OOM" in str(error):
+    if type(error).__name__ == "OutOfMemoryError" or (
+        isinstance(error, errors.ResponseError) and "maxmemory" in str(error)
+    ):
         return "full"
     return "error"
 
@@ -292,7 +294,8 @@ class RedisStore:
         try:
             pipe = self._client.pipeline(transaction=False)
             for record in batch:
-                keys = [self.record_key(record.server, cursor) for cursor in record.cursors()]
+                cursors = record.raw_cursors or record.cursors()
+                keys = [self.record_key(record.server, cursor) for cursor in cursors]
                 self._save_script(keys=keys, args=[record.encode(), self._ttl, record.at],
                                   client=pipe)
             self.writes += 1

@@ -112,6 +112,9 @@ class SharedRecord:
     # Which process wrote it, and when (wall clock: another host reads it).
     writer: str = ""
     at: float = 0.0
+    # The cursors as the server sent them, to key the record by (hashed by
+    # the store); never encoded: a reader knows the cursor it looks up.
+    raw_cursors: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -138,7 +141,11 @@ class SharedRecord:
         def hide(event_id: str | None) -> str | None:
             return None if event_id is None else _hide(event_id, session_id)
 
-        seen = list(seen)[-MAX_SEEN:]
+        # The ids only: a digest is the writer's hash() of the event's data,
+        # salted per process (PYTHONHASHSEED), so another process could only
+        # misread it as other data (an id_reused that never was).  Kept as
+        # markers, the ids still show whether the scheme counts.
+        seen = [(event_id, None) for event_id, _ in list(seen)[-MAX_SEEN:]]
         pending = list(pending)[:MAX_PENDING]
         return cls(
             server=server,
@@ -148,7 +155,8 @@ class SharedRecord:
             last_received=hide(last_received),
             last_consumed=hide(last_consumed),
             seen=[(_hide(event_id, session_id), digest) for event_id, digest in seen],
-            meanings={hide(k): v for k, v in (meanings or {}).items()},
+            # The meanings are hash()es too (see the seen window above).
+            meanings={},
             pending=dict(pending),
             unconsumed_responses=tuple(unconsumed_responses)[:MAX_PENDING],
             primed=primed,
@@ -156,6 +164,7 @@ class SharedRecord:
             server_closed=server_closed,
             writer=writer,
             at=time.time(),
+            raw_cursors=tuple(sorted({last_received, last_consumed} - {None})),  # type: ignore[arg-type]
         )
 
     def cursors(self) -> tuple[str, ...]:

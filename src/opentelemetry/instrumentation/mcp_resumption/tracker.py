@@ -196,12 +196,16 @@ class Tracker:
         claimed = request_session_id if request_session_id is not None else session_id
         index = self.index
         shared = None
-        if cursor is not None and self.store.shared and cursor not in index.cursors:
-            # A cursor this process never saw (a restarted client, another
-            # instance's stream): the one read of the shared state, bounded,
-            # outside the lock.  (The membership test is a hint: the owner
-            # found under the lock wins over the record.)
-            shared = self.store.lookup(server, cursor)
+        if cursor is not None and self.store.shared:
+            with self._lock:
+                self._flush(fold=True)
+                known = index.owner(server, cursor, claimed, path) is not None
+            if not known:
+                # A cursor this process never saw (a restarted client, another
+                # instance's stream): the one read of the shared state,
+                # bounded, outside the lock.  (An owner found under the lock
+                # below still wins over the record.)
+                shared = self.store.lookup(server, cursor)
         with self._lock:
             session = None
             if sent != ():
