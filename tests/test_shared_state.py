@@ -347,3 +347,72 @@ def test_an_evicting_redis_loses_records_and_the_resume_is_unverifiable_not_wron
     assert run.outcome == "unverifiable"
     assert b.flush()
     assert fallbacks.seen == [], "a miss is not a fault, and an evicting Redis takes writes"
+
+
+# ---------------------------------------------------------------- the host
+
+
+def test_the_fallbacks_are_a_metric_of_bounded_attributes(fresh):
+    """Through the owner: a store that cannot answer counts each fallback in
+    ``mcp.client.resumption.state.fallbacks``, by operation and reason."""
+    from helpers import Telemetry
+    from opentelemetry.instrumentation.mcp_resumption.monitor import ResumptionMonitor
+
+    telemetry = Telemetry()
+    fresh.stop()
+    monitor = ResumptionMonitor(meter_provider=telemetry.meter_provider,
+                                state=fresh.url, state_key="k")
+    try:
+        for _ in range(3):
+            monitor.tracker.open_stream(SERVER, "streamable-http", session_id="s",
+                                        last_event_id="never-seen")
+    finally:
+        monitor.close()
+    points = telemetry.points("mcp.client.resumption.state.fallbacks")
+    operation, reason = "mcp.resumption.state.operation", "mcp.resumption.state.reason"
+    counted = {(p.attributes[operation], p.attributes[reason]): p.value for p in points}
+    assert counted == {("read", "connection"): 1, ("read", "breaker_open"): 2}, counted
+    assert all(set(p.attributes) == {operation, reason} for p in points)
+
+
+@pytest.mark.parametrize("fault", ["stopped", "paused"])
+def test_an_sdk_client_keeps_working_with_redis_down(fresh, telemetry, monkeypatch, fault):
+    """A real SDK client and server (the installed major's) whose tool
+    closes its stream and answers on the resume: with Redis stopped or
+    paused the call is answered, the resume judged ``resumed`` from memory,
+    and the writes that could not reach Redis counted."""
+    import asyncio
+
+    from mcp_resumption_demo.loopback import LoopbackServer
+    from wire import LEGACY, MCP1, MCP_MAJOR, AppClient, IntegerEventStore, sdk_app
+
+    monkeypatch.setenv("OTEL_PYTHON_MCP_RESUMPTION_STATE", fresh.url)
+    monkeypatch.setenv("OTEL_PYTHON_MCP_RESUMPTION_STATE_KEY", "k")
+    if fault == "stopped":
+        fresh.stop()
+    else:
+        fresh.pause()
+
+    async def scenario():
+        server = await LoopbackServer(sdk_app(IntegerEventStore(), polling=True)).astart()
+        try:
+            with telemetry.instrumented():
+                async with AppClient(MCP1 if MCP_MAJOR == 1 else LEGACY,
+                                     server.url + "/mcp") as client:
+                    started = asyncio.get_running_loop().time()
+                    answer = await client.call("x")
+                    return answer, asyncio.get_running_loop().time() - started
+        finally:
+            await asyncio.to_thread(server.close)
+
+    try:
+        answer, took = asyncio.run(scenario())
+    finally:
+        if fault == "paused":
+            fresh.resume()
+    assert answer == "done x"
+    assert took < 5, took
+    assert set(telemetry.outcomes()) <= {"resumed", "caught_up"} and telemetry.outcomes()
+    counted = telemetry.counts("mcp.client.resumption.state.fallbacks",
+                               "mcp.resumption.state.operation")
+    assert counted.get("write", 0) >= 1, counted
