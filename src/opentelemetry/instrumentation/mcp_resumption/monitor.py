@@ -120,7 +120,9 @@ class ResumptionMonitor:
             # Memory unless OTEL_PYTHON_MCP_RESUMPTION_STATE names a Redis;
             # its fallbacks are counted once the sink below exists.
             store=state_store(
-                self.settings, lambda op, why: self.telemetry.state_fallback(op, why)
+                self.settings,
+                lambda op, why: self.telemetry.state_fallback(op, why),
+                lambda *lost: self.telemetry.lost_elsewhere(*lost),
             ),
         )
         # enabled: the checks run (False once shut down); active: the
@@ -686,6 +688,7 @@ class ResumptionMonitor:
             self._operations_ended()
         if step is NOTHING:
             return
+        self.tracker.share_fates(step.fates)  # out of the shared in-flight ledger
         for decided in step.fates:
             # A lost request is a gap of the attempt that waited for it, if any.
             holder = decided.broken.holder

@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import logging
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from . import config
@@ -57,6 +59,11 @@ TTL = 3600  # s, every key
 QUEUE = 1024  # records waiting to be written; past it the oldest is dropped (counted)
 BATCH = 64  # records per round trip
 KEY_PREFIX = "mcpres:v1"
+# A process's lease on its in-flight entries: renewed by its writer every
+# third of it while it has any; once it lapses the process is gone (killed:
+# a clean exit removes its entries) and another may claim them lost.
+LEASE = 5.0  # s; the owner sets it to the reissue window (at least 1 s)
+MAX_SWEPT = 1000  # entries one sweep reads
 # The standard places for a password when the URL has none: redis-cli's, then
 # the common container images'.
 PASSWORD_VARIABLES = ("REDISCLI_AUTH", "REDIS_PASSWORD")
@@ -98,9 +105,16 @@ def _reason(error: BaseException) -> str:
     return "error"
 
 
-def state_store(settings: config.Settings, on_fallback: Callable[[str, str], None]) -> Store:
+def state_store(
+    settings: config.Settings,
+    on_fallback: Callable[[str, str], None],
+    on_lost: Callable[[str, str, str], None] | None = None,
+) -> Store:
     """The store the settings ask for: memory unless a usable Redis URL and
-    a shared key are given (one warning, then memory, if not)."""
+    a shared key are given (one warning, then memory, if not).
+    ``on_fallback(operation, reason)``: an operation fell back to memory;
+    ``on_lost(server, transport, method)``: a dead process's request was
+    claimed here, lost."""
     url = settings.state
     if url is None:
         return MEMORY
@@ -108,7 +122,12 @@ def state_store(settings: config.Settings, on_fallback: Callable[[str, str], Non
         # A random key per process: no other process could find a record.
         config.warn_state(url, f"{config.STATE_KEY} is not set, so no other process could read it")
         return MEMORY
-    store, why = open_store(url, settings.state_key, on_fallback)
+    # A dead process's requests are lost once the reissue window (the
+    # confirmation window) has passed: its lease lapses no sooner.
+    options: dict[str, Any] = {"lease": max(1.0, settings.confirm_timeout)}
+    if on_lost is not None:
+        options["on_lost"] = on_lost
+    store, why = open_store(url, settings.state_key, on_fallback, **options)
     if store is None:
         config.warn_state(url, why or "unknown")
         return MEMORY
@@ -116,7 +135,7 @@ def state_store(settings: config.Settings, on_fallback: Callable[[str, str], Non
 
 
 def open_store(
-    url: str, key: bytes, on_fallback: Callable[[str, str], None]
+    url: str, key: bytes, on_fallback: Callable[[str, str], None], **options: Any
 ) -> tuple[RedisStore | None, str | None]:
     """A store on ``url``, or None and why not (the caller warns once)."""
     scheme = urlsplit(url).scheme
@@ -129,7 +148,7 @@ def open_store(
             "the Redis client is not installed (pip install "
             "'opentelemetry-instrumentation-mcp-resumption[state]')"
         )
-    return RedisStore(url, key, on_fallback), None
+    return RedisStore(url, key, on_fallback, **options), None
 
 
 class RedisStore:
@@ -146,6 +165,8 @@ class RedisStore:
         timeout: float = TIMEOUT,
         cooldown: float = COOLDOWN,
         ttl: int = TTL,
+        lease: float = LEASE,
+        on_lost: Callable[[str, str, str], None] = lambda server, transport, method: None,
     ) -> None:
         import redis
         from redis.backoff import NoBackoff
@@ -171,11 +192,22 @@ class RedisStore:
         self._key = key
         self._ttl = ttl
         self._on_fallback = on_fallback
+        self._on_lost = on_lost
+        # The in-flight ledger: this process's entries (server -> fields),
+        # its lease, and the servers to sweep for a dead process's entries
+        # (server -> when).
+        self._lease = lease
+        self._mine: dict[str, set[str]] = {}
+        self._leased_at = 0.0
+        self._sweeps: dict[str, float] = {}
+        self.lost_claimed = 0
         self._breaker = Breaker(cooldown)
         self._breaker_lock = threading.Lock()
         # This process, as records name their writer.
         self.writer = uuid.uuid4().hex[:16]
-        self._queue: collections.deque[SharedRecord] = collections.deque()
+        # Records, and the in-flight ledger's operations: ("add", server,
+        # {field: entry}), ("del", server, fields).
+        self._queue: collections.deque[SharedRecord | tuple] = collections.deque()
         self._wake = threading.Condition()
         self._closed = False
         self._writing = False
@@ -250,16 +282,113 @@ class RedisStore:
 
     def save(self, record: SharedRecord) -> None:
         """Queue ``record`` for the writer thread; never blocks, never
-        raises.  Past ``QUEUE`` records waiting, the oldest is dropped."""
-        if self._closed or not record.cursors():
+        raises.  Past ``QUEUE`` items waiting, the oldest is dropped."""
+        if not record.cursors():
+            return
+        self._enqueue(record)
+
+    def _enqueue(self, item: SharedRecord | tuple) -> None:
+        if self._closed:
             return
         with self._wake:
             if len(self._queue) >= QUEUE:
                 self._queue.popleft()
                 self._on_fallback("write", "queue_full")
-            self._queue.append(record)
+            self._queue.append(item)
             self._start()
             self._wake.notify()
+
+    # ------------------------------------------------------ in flight
+
+    def _field(self, writer: str, session_hash: str | None, key: str) -> str:
+        return f"{writer}|{session_hash or '-'}|{keyed_hash(self._key, key)}"
+
+    def _ledger(self, server: str) -> str:
+        return f"{KEY_PREFIX}:f:{keyed_hash(self._key, server)}"
+
+    def in_flight(
+        self, server: str, session_hash: str | None, requests: list[tuple[str, str]],
+        transport: str,
+    ) -> None:
+        """Requests sent on a stream now open: entered in the server's
+        in-flight ledger (queued), so that if this process dies before their
+        fates, another process counts them lost."""
+        now = time.time()
+        entries = {
+            self._field(self.writer, session_hash, key): json.dumps(
+                {"m": method, "t": transport, "at": now}
+            )
+            for key, method in requests
+        }
+        self._enqueue(("add", server, entries))
+
+    def settled(
+        self, server: str, session_hash: str | None, keys: list[str], writer: str | None = None
+    ) -> None:
+        """Their fates are known here (or, with another ``writer``'s record
+        restored, this process takes them over): out of the ledger."""
+        fields = [self._field(writer or self.writer, session_hash, key) for key in keys]
+        if fields:
+            self._enqueue(("del", server, fields))
+
+    def sweep(self, server: str) -> None:
+        """Look for entries of dead processes on ``server`` (queued: the
+        writer thread reads them)."""
+        self._enqueue(("sweep", server))
+
+    def _ledger_ops(self, pipe: Any, op: tuple) -> None:
+        kind, server = op[0], op[1]
+        ledger = self._ledger(server)
+        mine = self._mine.setdefault(server, set())
+        if kind == "add":
+            pipe.hset(ledger, mapping=op[2])
+            pipe.expire(ledger, self._ttl)
+            mine.update(op[2])
+        elif kind == "del":
+            pipe.hdel(ledger, *op[2])
+            mine.difference_update(op[2])
+        if not mine:
+            self._mine.pop(server, None)
+
+    def _renew_lease(self, pipe: Any) -> None:
+        if self._mine:
+            pipe.set(f"{KEY_PREFIX}:w:{self.writer}", 1, px=max(1, int(self._lease * 1000)))
+            self._leased_at = time.monotonic()
+
+    def _sweep(self, server: str) -> None:
+        """Claim, once for the whole fleet (SET NX), each entry whose
+        process's lease lapsed, and count it lost; come back for entries of
+        processes still alive (their lease may yet lapse)."""
+        client = self._client
+        ledger = self._ledger(server)
+        _, found = client.hscan(ledger, 0, count=MAX_SWEPT)
+        entries = {
+            (field.decode() if isinstance(field, bytes) else field): value
+            for field, value in list(found.items())[:MAX_SWEPT]
+        }
+        writers = sorted({field.split("|", 1)[0] for field in entries} - {self.writer})
+        if not writers:
+            return
+        pipe = client.pipeline(transaction=False)
+        for writer in writers:
+            pipe.exists(f"{KEY_PREFIX}:w:{writer}")
+        alive = {writer for writer, live in zip(writers, pipe.execute()) if live}
+        if alive:
+            self._sweeps[server] = time.monotonic() + self._lease / 2
+        for field, value in entries.items():
+            writer = field.split("|", 1)[0]
+            if writer == self.writer or writer in alive:
+                continue
+            claim = f"{KEY_PREFIX}:k:{keyed_hash(self._key, server)}:{field}"
+            if client.set(claim, self.writer, nx=True, ex=self._ttl):
+                client.hdel(ledger, field)
+                try:
+                    entry = json.loads(value)
+                    method, transport = str(entry["m"]), str(entry["t"])
+                except (ValueError, TypeError, KeyError):
+                    continue
+                self.lost_claimed += 1
+                self._on_lost(server, transport, method)
 
     def _start(self) -> None:
         if os.getpid() != self._pid:  # a forked child: its own thread, no inherited queue
@@ -272,12 +401,24 @@ class RedisStore:
             )
             self._thread.start()
 
+    def _due(self) -> float | None:
+        """Seconds until the writer must wake with nothing queued: to renew
+        its lease, or to sweep a server again; None: never."""
+        now = time.monotonic()
+        times = list(self._sweeps.values())
+        if self._mine:
+            times.append(self._leased_at + self._lease / 3)
+        return max(0.0, min(times) - now) if times else None
+
     def _run(self) -> None:
         while True:
             with self._wake:
                 while not self._queue and not self._closed:
-                    self._wake.wait()
-                if not self._queue:
+                    due = self._due()
+                    if due == 0.0:
+                        break
+                    self._wake.wait(due)
+                if self._closed and not self._queue:
                     return
                 batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
                 self._writing = True
@@ -288,18 +429,31 @@ class RedisStore:
                     self._writing = False
                     self._wake.notify_all()
 
-    def _write(self, batch: list[SharedRecord]) -> None:
+    def _write(self, batch: list[SharedRecord | tuple]) -> None:
+        now = time.monotonic()
+        sweeps = [op[1] for op in batch if isinstance(op, tuple) and op[0] == "sweep"]
+        for server, when in list(self._sweeps.items()):
+            if when <= now:
+                del self._sweeps[server]
+                sweeps.append(server)
         if not self._allowed("write"):
             return  # dropped: this process's memory still holds them
         try:
             pipe = self._client.pipeline(transaction=False)
-            for record in batch:
-                cursors = record.raw_cursors or record.cursors()
-                keys = [self.record_key(record.server, cursor) for cursor in cursors]
-                self._save_script(keys=keys, args=[record.encode(), self._ttl, record.at],
-                                  client=pipe)
+            for item in batch:
+                if isinstance(item, SharedRecord):
+                    cursors = item.raw_cursors or item.cursors()
+                    keys = [self.record_key(item.server, cursor) for cursor in cursors]
+                    self._save_script(
+                        keys=keys, args=[item.encode(), self._ttl, item.at], client=pipe
+                    )
+                elif item[0] != "sweep":
+                    self._ledger_ops(pipe, item)
+            self._renew_lease(pipe)
             self.writes += 1
             pipe.execute()
+            for server in dict.fromkeys(sweeps):
+                self._sweep(server)
         except Exception as error:  # any fault of the store: memory goes on
             self._failed("write", error)
             return
@@ -318,7 +472,11 @@ class RedisStore:
         return True
 
     def close(self) -> None:
-        """Write what is queued (bounded), then stop the thread."""
+        """Write what is queued (bounded), take this process's entries out of
+        the in-flight ledgers (a clean exit counts its own: the monitor's
+        exit accounting), then stop the thread."""
+        for server, fields in list(self._mine.items()):
+            self._enqueue(("del", server, sorted(fields)))
         self.flush(timeout=4 * TIMEOUT * max(1, len(self._queue) // BATCH))
         with self._wake:
             self._closed = True

@@ -295,6 +295,17 @@ class Store(Protocol):
 
     def save(self, record: SharedRecord) -> None: ...
 
+    def in_flight(
+        self, server: str, session_hash: str | None, requests: list[tuple[str, str]],
+        transport: str,
+    ) -> None: ...
+
+    def settled(
+        self, server: str, session_hash: str | None, keys: list[str], writer: str | None = None
+    ) -> None: ...
+
+    def sweep(self, server: str) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -311,6 +322,20 @@ class MemoryStore:
         return None
 
     def save(self, record: SharedRecord) -> None:
+        return None
+
+    def in_flight(
+        self, server: str, session_hash: str | None, requests: list[tuple[str, str]],
+        transport: str,
+    ) -> None:
+        return None
+
+    def settled(
+        self, server: str, session_hash: str | None, keys: list[str], writer: str | None = None
+    ) -> None:
+        return None
+
+    def sweep(self, server: str) -> None:
         return None
 
     def close(self) -> None:

@@ -429,6 +429,23 @@ class TelemetrySink:
                 decided.gap.observed,
             )
 
+    def lost_elsewhere(self, server: str, transport: str, method: str) -> None:
+        """A request in flight in a process that died (its lease lapsed) was
+        claimed here, once for the fleet: lost.  ``server`` is the tracker's
+        ``host:port``; the transport is one of the two this plugin names."""
+        host, _, port = server.rpartition(":")
+        attributes: dict[str, Any] = {
+            sc.REQUEST_FATE: "lost",
+            sc.MCP_TRANSPORT: transport
+            if transport in (sc.TRANSPORT_SSE, sc.TRANSPORT_STREAMABLE_HTTP)
+            else sc.TRANSPORT_STREAMABLE_HTTP,
+        }
+        if host and port.isdigit():
+            attributes[sc.SERVER_ADDRESS], attributes[sc.SERVER_PORT] = host, int(port)
+        else:
+            attributes[sc.SERVER_ADDRESS] = server
+        self._broken.add(1, attributes)
+
     def state_fallback(self, operation: str, reason: str) -> None:
         """A shared-state operation fell back to memory (``redis_state``:
         both values come from its bounded sets)."""

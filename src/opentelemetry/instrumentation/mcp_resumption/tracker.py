@@ -70,6 +70,10 @@ from .shared_state import MEMORY, UNKNOWN_SESSION, SharedRecord, Store
 from .streams import StreamLife
 from .subscriptions import LostSubscription, SubscriptionLedger
 
+# Servers remembered as swept for a dead process's requests (then forgotten,
+# and swept again: a sweep is idempotent).
+MAX_SWEPT_SERVERS = 1024
+
 # Re-exported: the names the other modules, the tests, the benchmarks and
 # the demo import from here, the tracker's API (its arguments and results).
 __all__ = [
@@ -94,6 +98,7 @@ class Tracker:
         # Where ended streams are shared with other processes (see
         # ``shared_state``); the memory store shares nothing.
         self.store: Store = store if store is not None else MEMORY
+        self._swept: set[str] = set()  # servers whose in-flight ledger was swept
         # A declared scheme (a compiled regex with a ``counter`` group)
         # replaces the inference from the ids' shape.
         self._parse: Callable[[str | None], EventId | None] = (
@@ -231,6 +236,8 @@ class Tracker:
                         pending[key] = (pending[key][0], stream.lineage)
             if cursor is not None:
                 stream.check = self.resumes.begin(stream, cursor, previous, claimed)
+            if self.store.shared:
+                self._share_open(stream)
             return stream
 
     def resuming(
@@ -466,11 +473,28 @@ class Tracker:
         record = None
         with self._lock:
             step = self.life.end(stream, reason, closed_by_client, clean, held_open)
-            if self.store.shared and stream.last_received is not None:
-                record = self._record(stream)
-        if record is not None:
-            self.store.save(record)  # queued for the store's writer: no I/O here
+            if self.store.shared:
+                if stream.last_received is not None:
+                    record = self._record(stream)
+                pending = stream.session.pending or {}
+                answered = [key for key in stream.carries if key not in pending]
+        if self.store.shared:
+            # Queued for the store's writer: no I/O here.
+            if record is not None:
+                self.store.save(record)
+            if answered:
+                self.store.settled(stream.server, self._session_hash(stream.session), answered)
         return step
+
+    def share_fates(self, fates: Iterable[Any]) -> None:
+        """Fates decided here (``Step.fates``): out of the shared in-flight
+        ledger, so no other process counts them when this one is gone."""
+        if not self.store.shared:
+            return
+        for decided in fates:
+            broken = decided.broken
+            session_hash = self._session_hash(broken.session)
+            self.store.settled(broken.server, session_hash, [broken.key])
 
     def lineage_ended(self, stream: Stream, why: str) -> Step:
         """The client did not resume ``stream`` (a resumed stream that ended
@@ -488,17 +512,38 @@ class Tracker:
 
     # ---------------------------------------------------------- internals
 
+    def _session_hash(self, session: Any) -> str | None:
+        session_id = session.session_id
+        if session_id is not None and session_id.startswith(UNKNOWN_SESSION):
+            # Restored from a record whose session this process never knew.
+            return session_id[len(UNKNOWN_SESSION) :]
+        return self.store.session_hash(session_id)
+
+    def _share_open(self, stream: Stream) -> None:
+        """A stream opened (under the lock): the first of its server makes
+        the store look for a dead process's requests there; the requests it
+        carries go into the shared in-flight ledger.  Both queued."""
+        server = stream.server
+        if server not in self._swept:
+            if len(self._swept) >= MAX_SWEPT_SERVERS:
+                self._swept.clear()
+            self._swept.add(server)
+            self.store.sweep(server)
+        pending = stream.session.pending
+        if stream.carries and pending:
+            carried = [(key, pending[key][0]) for key in stream.carries if key in pending]
+            if carried:
+                self.store.in_flight(
+                    server, self._session_hash(stream.session), carried, stream.transport
+                )
+
     def _record(self, stream: Stream) -> SharedRecord:
         """What a resume of ``stream``'s cursor in another process needs of
         it (under the lock): its ids, its session's seen window, the
         requests of its lineage still in flight."""
         session = stream.session
         session_id = session.session_id
-        if session_id is not None and session_id.startswith(UNKNOWN_SESSION):
-            # Restored from a record whose session this process never knew.
-            session_hash: str | None = session_id[len(UNKNOWN_SESSION) :]
-        else:
-            session_hash = self.store.session_hash(session_id)
+        session_hash = self._session_hash(session)
         lineage = stream.lineage
         return SharedRecord.of(
             server=stream.server,
@@ -564,6 +609,11 @@ class Tracker:
             for key, method in restored.pending.items():
                 pending.setdefault(key, (method, stream.lineage))
             session.pending = pending
+            # Their fates are this process's to decide now: out of the
+            # writer's in-flight entries, so its death does not count them.
+            self.store.settled(
+                record.server, record.session_hash, list(restored.pending), writer=record.writer
+            )
         stream.dirty = True
         index.dirty.append(stream)
         index.flush()
