@@ -237,6 +237,26 @@ def test_the_per_event_path_makes_no_redis_call(fresh):
     assert shared.reads == 0, "a cursor this process knows is never looked up"
 
 
+def test_a_clean_exit_takes_its_requests_out_of_the_in_flight_ledger(fresh):
+    """Only a killed process leaves entries for others to count: a clean one
+    counts its own (the exit accounting) and removes them."""
+    shared = store(fresh.url)
+    broken_call(tracker(shared))
+    assert shared.flush()
+    client = fresh.client()
+    [ledger] = client.keys(f"{KEY_PREFIX}:f:*")
+    assert client.hlen(ledger) == 1 and client.exists(f"{KEY_PREFIX}:w:{shared.writer}")
+    shared.close()
+    assert client.hlen(ledger) == 0
+
+
+def test_the_instrumentor_takes_the_state_settings(fresh, telemetry):
+    with telemetry.instrumented(state=fresh.url, state_key="k") as instrumentor:
+        assert isinstance(instrumentor.processor.tracker.store, RedisStore)
+    with telemetry.instrumented() as instrumentor:
+        assert instrumentor.processor.tracker.store is MEMORY
+
+
 # ---------------------------------------------------------------- faults
 
 

@@ -475,6 +475,8 @@ class RedisStore:
         """Write what is queued (bounded), take this process's entries out of
         the in-flight ledgers (a clean exit counts its own: the monitor's
         exit accounting), then stop the thread."""
+        if self._closed:
+            return
         for server, fields in list(self._mine.items()):
             self._enqueue(("del", server, sorted(fields)))
         self.flush(timeout=4 * TIMEOUT * max(1, len(self._queue) // BATCH))
