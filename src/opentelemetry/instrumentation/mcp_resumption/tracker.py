@@ -36,6 +36,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from .breaks import Breaks
@@ -99,6 +100,10 @@ class Tracker:
         # ``shared_state``); the memory store shares nothing.
         self.store: Store = store if store is not None else MEMORY
         self._swept: set[str] = set()  # servers whose in-flight ledger was swept
+        # New stream key -> the breaks recorded when the stream its cursor
+        # names was restored from another process's record (see ``response``).
+        self._restored_breaks: dict[int, tuple[Broken, ...]] = {}
+        self._just_restored: tuple[Broken, ...] = ()
         # A declared scheme (a compiled regex with a ``counter`` group)
         # replaces the inference from the ids' shape.
         self._parse: Callable[[str | None], EventId | None] = (
@@ -236,6 +241,11 @@ class Tracker:
                         pending[key] = (pending[key][0], stream.lineage)
             if cursor is not None:
                 stream.check = self.resumes.begin(stream, cursor, previous, claimed)
+                if self._just_restored:
+                    if len(self._restored_breaks) >= MAX_SWEPT_SERVERS:  # never answered: bounded
+                        self._restored_breaks.clear()
+                    self._restored_breaks[stream.key] = self._just_restored
+                    self._just_restored = ()
             if self.store.shared:
                 self._share_open(stream)
             return stream
@@ -303,8 +313,17 @@ class Tracker:
                 return NOTHING
             check = stream.check
             if error is not None:
-                return self.resumes.run(stream, lambda: check.on_failure(error))
-            return self.resumes.run(stream, lambda: check.on_response(status, session_id))
+                step = self.resumes.run(stream, lambda: check.on_failure(error))
+            else:
+                step = self.resumes.run(stream, lambda: check.on_response(status, session_id))
+            restored = self._restored_breaks and self._restored_breaks.pop(stream.key, None)
+            if restored:
+                # The breaks of another process's stream, recorded here at its
+                # restore: reported with this resume's first step, so the
+                # caller tags them (and their fates are counted) as if this
+                # process had seen the stream break.
+                step = replace(step, broke=(*restored, *step.broke))
+            return step
 
     # ------------------------------------------------------------ events
 
@@ -614,6 +633,18 @@ class Tracker:
             self.store.settled(
                 record.server, record.session_hash, list(restored.pending), writer=record.writer
             )
+            if not restored.server_closed:
+                # The stream broke there with these in flight, as a stream
+                # that breaks here records them (``Breaks.broken_stream``):
+                # their fates (answered by the resume, or lost) are counted.
+                new: list[Broken] = []
+                for key, method in restored.pending.items():
+                    self.breaks.record_break(stream, key, method, None, new, [])
+                if new:
+                    holders = session.holders if session.holders is not None else {}
+                    holders.update((broken.key, stream.key) for broken in new)
+                    session.holders = holders
+                self._just_restored = tuple(new)
         stream.dirty = True
         index.dirty.append(stream)
         index.flush()
