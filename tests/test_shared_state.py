@@ -216,6 +216,19 @@ def test_a_stream_s_update_is_atomic_and_the_newest_wins(fresh):
         assert a.lookup(SERVER, cursor).writer == "new"
 
 
+@pytest.mark.parametrize("stored", [
+    b"not json", b"[]", b'{"v": 99}', b'{"v": 1, "server": "x"}', b'{"v": 1}' + b" " * 10,
+])
+def test_a_record_that_is_not_one_is_a_miss(fresh, stored):
+    """Redis is shared: what it holds is never trusted to be a record."""
+    shared = store(fresh.url)
+    fresh.client().hset(shared.record_key(SERVER, "5"), mapping={"record": stored, "at": 0})
+    assert shared.lookup(SERVER, "5") is None
+    run = resume(tracker(shared), "5", [("6", notification(6))], session=SECRET,
+                 answered_session=SECRET)
+    assert run.outcome == "unverifiable"
+
+
 def test_the_per_event_path_makes_no_redis_call(fresh):
     """Events are read with the store configured: Redis sees nothing until
     the stream ends (one batched write), and nothing from a resume whose

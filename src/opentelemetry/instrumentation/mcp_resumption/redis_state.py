@@ -447,6 +447,9 @@ class RedisStore:
                     self._save_script(
                         keys=keys, args=[item.encode(), self._ttl, item.at], client=pipe
                     )
+                elif item[0] == "forget":
+                    for server, fields in list(self._mine.items()):
+                        self._ledger_ops(pipe, ("del", server, sorted(fields)))
                 elif item[0] != "sweep":
                     self._ledger_ops(pipe, item)
             self._renew_lease(pipe)
@@ -477,8 +480,9 @@ class RedisStore:
         exit accounting), then stop the thread."""
         if self._closed:
             return
-        for server, fields in list(self._mine.items()):
-            self._enqueue(("del", server, sorted(fields)))
+        if self._thread is not None:
+            # The writer thread owns ``_mine``: it builds the deletions itself.
+            self._enqueue(("forget", ""))
         self.flush(timeout=4 * TIMEOUT * max(1, len(self._queue) // BATCH))
         with self._wake:
             self._closed = True
