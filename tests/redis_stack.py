@@ -31,11 +31,14 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server child on 127.0.0.1:``port``, no persistence."""
 
-    def __init__(self, directory: Path, port: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, port: int | None = None, password: str | None = None
+    ) -> None:
         if not os.path.exists(REDIS_SERVER):
             pytest.skip("redis-server is not installed (Debian's 'redis-server' package)")
         self.directory = directory
         self.port = port or free_port()
+        self.password = password
         self.process: subprocess.Popen | None = None
         self.start()
 
@@ -46,7 +49,9 @@ class RedisServer:
     def client(self):
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
+        return redis.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=2, password=self.password
+        )
 
     def start(self) -> None:
         self.process = subprocess.Popen(
@@ -54,6 +59,7 @@ class RedisServer:
                 REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--daemonize", "no",
                 "--dir", str(self.directory), "--loglevel", "warning",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

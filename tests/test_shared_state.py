@@ -126,6 +126,36 @@ def test_a_url_and_a_key_open_the_redis_store(fresh):
         shared.close()
 
 
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis-auth"), password="s3cret-pw")
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("how", ["url", "REDISCLI_AUTH", "REDIS_PASSWORD", "wrong"])
+def test_a_password_in_the_url_or_the_standard_environment(guarded, monkeypatch, how):
+    for name in ("REDISCLI_AUTH", "REDIS_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    url = guarded.url
+    if how == "url":
+        url = f"redis://:s3cret-pw@127.0.0.1:{guarded.port}/0"
+    elif how == "wrong":
+        url = f"redis://:nope@127.0.0.1:{guarded.port}/0"
+    else:
+        monkeypatch.setenv(how, "s3cret-pw")
+    fallbacks = Fallbacks()
+    a = store(url, fallbacks)
+    broken_call(tracker(a), ids=["1", "2"])
+    a.flush()
+    found = a.lookup(SERVER, "2")
+    if how == "wrong":
+        assert found is None and fallbacks.seen and fallbacks.seen[0][0] == "write"
+    else:
+        assert found is not None and found.pending == {"7": "tools/call"}
+        assert fallbacks.seen == []
+
+
 # ---------------------------------------------------------------- the verdicts
 
 
