@@ -196,6 +196,21 @@ def test_a_fresh_session_behind_the_url_is_session_changed(fresh):
     assert "session_changed" in run.kinds, run.verdicts
 
 
+def test_per_session_counters_find_the_named_session_s_record(fresh):
+    """A server that counts ids per session repeats them across sessions:
+    two sessions' streams end at "3".  A resume of "3" that names one of
+    them is judged by that session's record, whichever was written last."""
+    a = store(fresh.url)
+    t = tracker(a)
+    broken_call(t, session="session-one-0001", ids=["1", "2", "3"])
+    broken_call(t, session="session-two-0002", ids=["1", "2", "3"])
+    assert a.flush()
+    for session in ("session-one-0001", "session-two-0002"):
+        run = resume(tracker(store(fresh.url)), "3", [("4", result(7, 4))],
+                     session=session, answered_session=session)
+        assert run.outcome == "resumed", (session, run.verdicts)
+
+
 def test_a_cursor_that_names_its_own_session_is_bound_to_it(fresh):
     """The client names no session (a restarted client that kept only its
     token): the session embedded in the cursor is the cursor's, by its hash."""
@@ -252,7 +267,9 @@ def test_a_stream_s_update_is_atomic_and_the_newest_wins(fresh):
 def test_a_record_that_is_not_one_is_a_miss(fresh, stored):
     """Redis is shared: what it holds is never trusted to be a record."""
     shared = store(fresh.url)
-    fresh.client().hset(shared.record_key(SERVER, "5"), mapping={"record": stored, "at": 0})
+    for session_hash in (None, shared.session_hash(SECRET)):
+        fresh.client().hset(shared.record_key(SERVER, "5", session_hash),
+                            mapping={"record": stored, "at": 0})
     assert shared.lookup(SERVER, "5") is None
     run = resume(tracker(shared), "5", [("6", notification(6))], session=SECRET,
                  answered_session=SECRET)
@@ -400,14 +417,14 @@ def test_an_evicting_redis_loses_records_and_the_resume_is_unverifiable_not_wron
     a = store(fresh.url)
     broken_call(tracker(a), ids=["1", "2"])
     assert a.flush()
-    [ours] = client.keys(f"{KEY_PREFIX}:c:*")
+    ours = client.keys(f"{KEY_PREFIX}:c:*")  # the session's key and the any-session key
     client.config_set("maxmemory-policy", "allkeys-lru")
     client.config_set("maxmemory", client.info("memory")["used_memory"] + 256 * 1024)
     junk = 0
-    while client.exists(ours) and junk < 2000:
+    while client.exists(*ours) and junk < 2000:
         client.set(f"junk:{junk}", b"x" * 8192)
         junk += 1
-    assert not client.exists(ours), "evicted"
+    assert not client.exists(*ours), "evicted"
     fallbacks = Fallbacks()
     b = store(fresh.url, fallbacks)
     run = resume(tracker(b), "2", [("3", result(7, 3))],

@@ -222,10 +222,17 @@ class RedisStore:
     def session_hash(self, session_id: str | None) -> str | None:
         return None if session_id is None else keyed_hash(self._key, session_id)
 
-    def record_key(self, server: str, cursor: str) -> str:
-        """Where a record is kept: per server and per cursor, both hashed
-        (an event id may embed the session id)."""
-        return f"{KEY_PREFIX}:c:{keyed_hash(self._key, server)}:{keyed_hash(self._key, cursor)}"
+    def record_key(self, server: str, cursor: str, session_hash: str | None = None) -> str:
+        """Where a record is kept: per server, session and cursor, all hashed
+        (an event id may embed the session id); ``-`` for the key of any
+        session, which a client that names no session is looked up under.
+        Both are written: servers that count ids per session repeat them
+        across sessions, and a client that names its session must find its
+        own session's record, whichever session wrote the other key last."""
+        return (
+            f"{KEY_PREFIX}:c:{keyed_hash(self._key, server)}:{session_hash or '-'}:"
+            f"{keyed_hash(self._key, cursor)}"
+        )
 
     # ------------------------------------------------------------ faults
 
@@ -261,22 +268,32 @@ class RedisStore:
 
     # ------------------------------------------------------------ reads
 
-    def lookup(self, server: str, cursor: str) -> SharedRecord | None:
+    def lookup(
+        self, server: str, cursor: str, session_hash: str | None = None
+    ) -> SharedRecord | None:
         """The record of the stream that issued ``cursor`` on ``server``, if
-        another process (or this one, earlier) wrote it: one bounded GET."""
+        another process (or this one, earlier) wrote it: the named
+        session's record first, else any session's; one bounded round trip."""
         if not self._allowed("read"):
             return None
         try:
             self.reads += 1
-            raw = self._client.hget(self.record_key(server, cursor), "record")
+            keys = [self.record_key(server, cursor)]
+            if session_hash is not None:
+                keys.insert(0, self.record_key(server, cursor, session_hash))
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hget(key, "record")
+            found = pipe.execute()
         except Exception as error:  # any fault of the store: memory goes on
             self._failed("read", error)
             return None
         self._succeeded()
-        record = SharedRecord.decode(raw)
-        if record is None or record.server != server:
-            return None
-        return record
+        for raw in found:
+            record = SharedRecord.decode(raw)
+            if record is not None and record.server == server:
+                return record
+        return None
 
     # ------------------------------------------------------------ writes
 
@@ -444,6 +461,11 @@ class RedisStore:
                 if isinstance(item, SharedRecord):
                     cursors = item.raw_cursors or item.cursors()
                     keys = [self.record_key(item.server, cursor) for cursor in cursors]
+                    if item.session_hash is not None:
+                        keys += [
+                            self.record_key(item.server, cursor, item.session_hash)
+                            for cursor in cursors
+                        ]
                     self._save_script(
                         keys=keys, args=[item.encode(), self._ttl, item.at], client=pipe
                     )

@@ -291,7 +291,9 @@ class Store(Protocol):
 
     def session_hash(self, session_id: str | None) -> str | None: ...
 
-    def lookup(self, server: str, cursor: str) -> SharedRecord | None: ...
+    def lookup(
+        self, server: str, cursor: str, session_hash: str | None = None
+    ) -> SharedRecord | None: ...
 
     def save(self, record: SharedRecord) -> None: ...
 
@@ -318,7 +320,9 @@ class MemoryStore:
     def session_hash(self, session_id: str | None) -> str | None:
         return None
 
-    def lookup(self, server: str, cursor: str) -> SharedRecord | None:
+    def lookup(
+        self, server: str, cursor: str, session_hash: str | None = None
+    ) -> SharedRecord | None:
         return None
 
     def save(self, record: SharedRecord) -> None:

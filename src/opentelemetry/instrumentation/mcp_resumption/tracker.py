@@ -103,7 +103,6 @@ class Tracker:
         # New stream key -> the breaks recorded when the stream its cursor
         # names was restored from another process's record (see ``response``).
         self._restored_breaks: dict[int, tuple[Broken, ...]] = {}
-        self._just_restored: tuple[Broken, ...] = ()
         # A declared scheme (a compiled regex with a ``counter`` group)
         # replaces the inference from the ids' shape.
         self._parse: Callable[[str | None], EventId | None] = (
@@ -209,13 +208,14 @@ class Tracker:
         if cursor is not None and self.store.shared:
             with self._lock:
                 self._flush(fold=True)
-                known = index.owner(server, cursor, claimed, path) is not None
+                known = self._seen_here(server, cursor)
             if not known:
                 # A cursor this process never saw (a restarted client, another
                 # instance's stream): the one read of the shared state,
                 # bounded, outside the lock.  (An owner found under the lock
-                # below still wins over the record.)
-                shared = self.store.lookup(server, cursor)
+                # below still wins over the record.)  One it saw and could
+                # not bind stays as memory judges it.
+                shared = self.store.lookup(server, cursor, self.store.session_hash(claimed))
         with self._lock:
             session = None
             if sent != ():
@@ -223,8 +223,9 @@ class Tracker:
                 self.requests.sent(session, sent, operation)
             self._flush(fold=cursor is not None)
             previous = index.owner(server, cursor, claimed, path) if cursor else None
+            restored_breaks: tuple[Broken, ...] = ()
             if previous is None and shared is not None:
-                previous = self._restore(shared, cursor, claimed, path)
+                previous, restored_breaks = self._restore(shared, cursor, claimed, path)
             if previous is not None and previous.session.session_id is not None:
                 session = previous.session
             elif session is None:
@@ -241,11 +242,10 @@ class Tracker:
                         pending[key] = (pending[key][0], stream.lineage)
             if cursor is not None:
                 stream.check = self.resumes.begin(stream, cursor, previous, claimed)
-                if self._just_restored:
+                if restored_breaks:
                     if len(self._restored_breaks) >= MAX_SWEPT_SERVERS:  # never answered: bounded
                         self._restored_breaks.clear()
-                    self._restored_breaks[stream.key] = self._just_restored
-                    self._just_restored = ()
+                    self._restored_breaks[stream.key] = restored_breaks
             if self.store.shared:
                 self._share_open(stream)
             return stream
@@ -586,15 +586,25 @@ class Tracker:
             writer=getattr(self.store, "writer", ""),
         )
 
+    def _seen_here(self, server: str, cursor: str) -> bool:
+        """Whether a stream of ``server`` tracked here issued ``cursor`` (under
+        the lock, index flushed)."""
+        owners = self.index.cursors.get(cursor)
+        if owners is None:
+            return False
+        streams = (owners,) if isinstance(owners, Stream) else tuple(owners.values())
+        return any(stream.server == server for stream in streams)
+
     def _restore(
         self, record: SharedRecord, cursor: str, claimed: str | None, path: str | None
-    ) -> Stream | None:
+    ) -> tuple[Stream | None, tuple[Broken, ...]]:
         """An ended stream rebuilt from another process's record of it
         (under the lock): tracked as if this process had read it, so the
-        resume of ``cursor`` is judged by the same rules."""
+        resume of ``cursor`` is judged by the same rules; and the requests
+        it broke there with, recorded broken here."""
         if record.session_hash is None:
             if record.path != path:
-                return None  # a sessionless stream's ids are its path's only
+                return None, ()  # a sessionless stream's ids are its path's only
             session_id = None
         elif claimed is not None and self.store.session_hash(claimed) == record.session_hash:
             session_id = claimed  # the session the client names is the cursor's
@@ -606,8 +616,8 @@ class Tracker:
             # session id differs from it (``session_changed``).
             session_id = UNKNOWN_SESSION + record.session_hash
         restored = record.ids_for(session_id)
-        if restored is None:
-            return None
+        if restored is None or cursor not in (restored.last_received, restored.last_consumed):
+            return None, ()  # its ids need a session id this process cannot know
         index = self.index
         session = index.session(record.server, session_id, record.path)
         # The requests it sent before are not all known here.
@@ -623,6 +633,10 @@ class Tracker:
         stream.server_closed = restored.server_closed
         stream.ended = True
         index.admit(stream)
+        stream.dirty = True
+        index.dirty.append(stream)
+        index.flush()
+        broke: list[Broken] = []
         if restored.pending:
             pending = session.pending if session.pending is not None else {}
             for key, method in restored.pending.items():
@@ -637,18 +651,12 @@ class Tracker:
                 # The stream broke there with these in flight, as a stream
                 # that breaks here records them (``Breaks.broken_stream``):
                 # their fates (answered by the resume, or lost) are counted.
-                new: list[Broken] = []
                 for key, method in restored.pending.items():
-                    self.breaks.record_break(stream, key, method, None, new, [])
-                if new:
-                    holders = session.holders if session.holders is not None else {}
-                    holders.update((broken.key, stream.key) for broken in new)
-                    session.holders = holders
-                self._just_restored = tuple(new)
-        stream.dirty = True
-        index.dirty.append(stream)
-        index.flush()
-        return stream if cursor in (stream.last_received, stream.last_consumed) else None
+                    self.breaks.record_break(stream, key, method, None, broke, [])
+                holders = session.holders if session.holders is not None else {}
+                holders.update((broken.key, stream.key) for broken in broke)
+                session.holders = holders or None
+        return stream, tuple(broke)
 
     def _flush(self, fold: bool = False) -> None:
         """Bring the cursor index and the LRU order up to date with the
