@@ -64,6 +64,11 @@ KEY_PREFIX = "mcpres:v1"
 # a clean exit removes its entries) and another may claim them lost.
 LEASE = 5.0  # s; the owner sets it to the reissue window (at least 1 s)
 MAX_SWEPT = 1000  # entries one sweep reads
+# An in-flight entry is written only if its request is still unanswered this
+# long after it was sent: most are answered sooner, and cost Redis nothing.
+# A process killed sooner than this after sending leaves that request
+# uncounted.
+IN_FLIGHT_DELAY = 0.25  # s
 # The standard places for a password when the URL has none: redis-cli's, then
 # the common container images'.
 PASSWORD_VARIABLES = ("REDISCLI_AUTH", "REDIS_PASSWORD")
@@ -166,6 +171,7 @@ class RedisStore:
         cooldown: float = COOLDOWN,
         ttl: int = TTL,
         lease: float = LEASE,
+        in_flight_delay: float = IN_FLIGHT_DELAY,
         on_lost: Callable[[str, str, str], None] = lambda server, transport, method: None,
     ) -> None:
         import redis
@@ -198,6 +204,9 @@ class RedisStore:
         # (server -> when).
         self._lease = lease
         self._mine: dict[str, set[str]] = {}
+        # (server, field) -> (when it is due, entry): entries not written yet.
+        self._held: dict[tuple[str, str], tuple[float, str]] = {}
+        self._delay = in_flight_delay
         self._leased_at = 0.0
         self._sweeps: dict[str, float] = {}
         self.lost_claimed = 0
@@ -354,18 +363,40 @@ class RedisStore:
         self._enqueue(("sweep", server))
 
     def _ledger_ops(self, pipe: Any, op: tuple) -> None:
+        """An in-flight entry is held ``IN_FLIGHT_DELAY`` before it is
+        written: most requests are answered sooner, and their entry and its
+        removal then never reach Redis (``_write_held`` writes the rest)."""
         kind, server = op[0], op[1]
-        ledger = self._ledger(server)
-        mine = self._mine.setdefault(server, set())
         if kind == "add":
-            pipe.hset(ledger, mapping=op[2])
+            due = time.monotonic() + self._delay
+            for field, entry in op[2].items():
+                self._held[(server, field)] = (due, entry)
+            return
+        written = [field for field in op[2] if self._held.pop((server, field), None) is None]
+        if not written:
+            return
+        # Written by this process, or by another whose requests this one
+        # took over (a restored record): either way out of the ledger.
+        pipe.hdel(self._ledger(server), *written)
+        mine = self._mine.get(server)
+        if mine:
+            mine.difference_update(written)
+            if not mine:
+                del self._mine[server]
+
+    def _write_held(self, pipe: Any, everything: bool = False) -> None:
+        """The held entries whose delay is over (``everything``: all)."""
+        now = time.monotonic()
+        due: dict[str, dict[str, str]] = {}
+        for (server, field), (when, entry) in list(self._held.items()):
+            if everything or when <= now:
+                del self._held[(server, field)]
+                due.setdefault(server, {})[field] = entry
+        for server, entries in due.items():
+            ledger = self._ledger(server)
+            pipe.hset(ledger, mapping=entries)
             pipe.expire(ledger, self._ttl)
-            mine.update(op[2])
-        elif kind == "del":
-            pipe.hdel(ledger, *op[2])
-            mine.difference_update(op[2])
-        if not mine:
-            self._mine.pop(server, None)
+            self._mine.setdefault(server, set()).update(entries)
 
     def _renew_lease(self, pipe: Any) -> None:
         if self._mine:
@@ -419,10 +450,12 @@ class RedisStore:
             self._thread.start()
 
     def _due(self) -> float | None:
-        """Seconds until the writer must wake with nothing queued: to renew
-        its lease, or to sweep a server again; None: never."""
+        """Seconds until the writer must wake with nothing queued: to write
+        held entries, renew its lease, or sweep a server again; None: never."""
         now = time.monotonic()
         times = list(self._sweeps.values())
+        if self._held:
+            times.append(min(when for when, _ in self._held.values()))
         if self._mine:
             times.append(self._leased_at + self._lease / 3)
         return max(0.0, min(times) - now) if times else None
@@ -470,10 +503,14 @@ class RedisStore:
                         keys=keys, args=[item.encode(), self._ttl, item.at], client=pipe
                     )
                 elif item[0] == "forget":
+                    self._held.clear()  # never written: nothing to take out
                     for server, fields in list(self._mine.items()):
                         self._ledger_ops(pipe, ("del", server, sorted(fields)))
+                elif item[0] == "now":
+                    self._write_held(pipe, everything=True)
                 elif item[0] != "sweep":
                     self._ledger_ops(pipe, item)
+            self._write_held(pipe)
             self._renew_lease(pipe)
             self.writes += 1
             pipe.execute()
@@ -484,9 +521,12 @@ class RedisStore:
             return
         self._succeeded()
 
-    def flush(self, timeout: float = 1.0) -> bool:
+    def flush(self, timeout: float = 1.0, held: bool = False) -> bool:
         """Wait until every queued record is written (or dropped), at most
-        ``timeout`` s: the tests, and the exit, wait for an event this way."""
+        ``timeout`` s: the tests, and the exit, wait for an event this way.
+        ``held``: the in-flight entries still held are written too."""
+        if held:
+            self._enqueue(("now", ""))
         deadline = time.monotonic() + timeout
         with self._wake:
             while self._queue or self._writing:

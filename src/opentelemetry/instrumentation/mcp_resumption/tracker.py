@@ -493,10 +493,16 @@ class Tracker:
         with self._lock:
             step = self.life.end(stream, reason, closed_by_client, clean, held_open)
             if self.store.shared:
-                if stream.last_received is not None:
-                    record = self._record(stream)
                 pending = stream.session.pending or {}
                 answered = [key for key in stream.carries if key not in pending]
+                lineage = stream.lineage
+                awaited = any(owner in (None, lineage) for _, owner in pending.values())
+                # A request's stream the client closed after its answers, with
+                # nothing of its lineage awaited (how the SDKs finish a call),
+                # is never resumed: its record would cost a write for nothing.
+                finished = closed_by_client and bool(stream.carries) and not awaited
+                if stream.last_received is not None and not finished:
+                    record = self._record(stream)
         if self.store.shared:
             # Queued for the store's writer: no I/O here.
             if record is not None:
