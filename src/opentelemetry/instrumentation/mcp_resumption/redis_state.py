@@ -69,6 +69,8 @@ MAX_SWEPT = 1000  # entries one sweep reads
 # A process killed sooner than this after sending leaves that request
 # uncounted.
 IN_FLIGHT_DELAY = 0.25  # s
+MAX_RAW_REQUEST_KEY = 40  # longer request ids are hashed in ledger fields
+SESSION_HASH_CACHE = 1024
 # The standard places for a password when the URL has none: redis-cli's, then
 # the common container images'.
 PASSWORD_VARIABLES = ("REDISCLI_AUTH", "REDIS_PASSWORD")
@@ -196,6 +198,7 @@ class RedisStore:
         )
         self._save_script = self._client.register_script(_SAVE)
         self._key = key
+        self._session_hashes: dict[str, str] = {}
         self._ttl = ttl
         self._on_fallback = on_fallback
         self._on_lost = on_lost
@@ -204,8 +207,9 @@ class RedisStore:
         # (server -> when).
         self._lease = lease
         self._mine: dict[str, set[str]] = {}
-        # (server, field) -> (when it is due, entry): entries not written yet.
-        self._held: dict[tuple[str, str], tuple[float, str]] = {}
+        # (server, field) -> (when it is due, (method, transport, time)):
+        # entries not written yet; shared with the callers, under ``_wake``.
+        self._held: dict[tuple[str, str], tuple[float, tuple[str, str, float]]] = {}
         self._delay = in_flight_delay
         self._leased_at = 0.0
         self._sweeps: dict[str, float] = {}
@@ -214,8 +218,8 @@ class RedisStore:
         self._breaker_lock = threading.Lock()
         # This process, as records name their writer.
         self.writer = uuid.uuid4().hex[:16]
-        # Records, and the in-flight ledger's operations: ("add", server,
-        # {field: entry}), ("del", server, fields).
+        # Records, and the in-flight ledger's operations: ("del", server,
+        # fields), ("sweep", server), ("forget", ""), ("now", "").
         self._queue: collections.deque[SharedRecord | tuple] = collections.deque()
         self._wake = threading.Condition()
         self._closed = False
@@ -229,7 +233,15 @@ class RedisStore:
     # ------------------------------------------------------------ keys
 
     def session_hash(self, session_id: str | None) -> str | None:
-        return None if session_id is None else keyed_hash(self._key, session_id)
+        if session_id is None:
+            return None
+        # Cached as the redaction caches its hash: a session sends many requests.
+        hashed = self._session_hashes.get(session_id)
+        if hashed is None:
+            if len(self._session_hashes) >= SESSION_HASH_CACHE:
+                self._session_hashes.clear()
+            hashed = self._session_hashes[session_id] = keyed_hash(self._key, session_id)
+        return hashed
 
     def record_key(self, server: str, cursor: str, session_hash: str | None = None) -> str:
         """Where a record is kept: per server, session and cursor, all hashed
@@ -327,7 +339,11 @@ class RedisStore:
     # ------------------------------------------------------ in flight
 
     def _field(self, writer: str, session_hash: str | None, key: str) -> str:
-        return f"{writer}|{session_hash or '-'}|{keyed_hash(self._key, key)}"
+        # A JSON-RPC id as the ledger keys it ("1", '"abc"'): not a secret,
+        # hashed only when long (an HMAC per request is most of this cost).
+        if len(key) > MAX_RAW_REQUEST_KEY or "|" in key:
+            key = "h:" + keyed_hash(self._key, key)
+        return f"{writer}|{session_hash or '-'}|{key}"
 
     def _ledger(self, server: str) -> str:
         return f"{KEY_PREFIX}:f:{keyed_hash(self._key, server)}"
@@ -336,26 +352,36 @@ class RedisStore:
         self, server: str, session_hash: str | None, requests: list[tuple[str, str]],
         transport: str,
     ) -> None:
-        """Requests sent on a stream now open: entered in the server's
-        in-flight ledger (queued), so that if this process dies before their
-        fates, another process counts them lost."""
+        """Requests sent on a stream now open: held ``IN_FLIGHT_DELAY``, then
+        entered in the server's in-flight ledger (by the writer thread) if
+        still unanswered, so that if this process dies before their fates,
+        another process counts them lost.  A few dict operations here: the
+        writer is woken only for the first entry held."""
+        due = time.monotonic() + self._delay
         now = time.time()
-        entries = {
-            self._field(self.writer, session_hash, key): json.dumps(
-                {"m": method, "t": transport, "at": now}
-            )
-            for key, method in requests
-        }
-        self._enqueue(("add", server, entries))
+        with self._wake:
+            first = not self._held
+            for key, method in requests:
+                field = self._field(self.writer, session_hash, key)
+                self._held[(server, field)] = (due, (method, transport, now))
+            if first and not self._closed:
+                self._start()
+                self._wake.notify()
 
     def settled(
         self, server: str, session_hash: str | None, keys: list[str], writer: str | None = None
     ) -> None:
         """Their fates are known here (or, with another ``writer``'s record
-        restored, this process takes them over): out of the ledger."""
-        fields = [self._field(writer or self.writer, session_hash, key) for key in keys]
-        if fields:
-            self._enqueue(("del", server, fields))
+        restored, this process takes them over): out of the ledger.  One
+        still held never reaches Redis."""
+        written = []
+        with self._wake:
+            for key in keys:
+                field = self._field(writer or self.writer, session_hash, key)
+                if self._held.pop((server, field), None) is None:
+                    written.append(field)
+        if written:
+            self._enqueue(("del", server, written))
 
     def sweep(self, server: str) -> None:
         """Look for entries of dead processes on ``server`` (queued: the
@@ -363,20 +389,9 @@ class RedisStore:
         self._enqueue(("sweep", server))
 
     def _ledger_ops(self, pipe: Any, op: tuple) -> None:
-        """An in-flight entry is held ``IN_FLIGHT_DELAY`` before it is
-        written: most requests are answered sooner, and their entry and its
-        removal then never reach Redis (``_write_held`` writes the rest)."""
-        kind, server = op[0], op[1]
-        if kind == "add":
-            due = time.monotonic() + self._delay
-            for field, entry in op[2].items():
-                self._held[(server, field)] = (due, entry)
-            return
-        written = [field for field in op[2] if self._held.pop((server, field), None) is None]
-        if not written:
-            return
-        # Written by this process, or by another whose requests this one
-        # took over (a restored record): either way out of the ledger.
+        """Entries written (by this process, or by another whose requests
+        this one took over with a restored record) out of the ledger."""
+        server, written = op[1], op[2]
         pipe.hdel(self._ledger(server), *written)
         mine = self._mine.get(server)
         if mine:
@@ -388,10 +403,14 @@ class RedisStore:
         """The held entries whose delay is over (``everything``: all)."""
         now = time.monotonic()
         due: dict[str, dict[str, str]] = {}
-        for (server, field), (when, entry) in list(self._held.items()):
-            if everything or when <= now:
-                del self._held[(server, field)]
-                due.setdefault(server, {})[field] = entry
+        with self._wake:
+            for (server, field), (when, entry) in list(self._held.items()):
+                if everything or when <= now:
+                    del self._held[(server, field)]
+                    method, transport, at = entry
+                    due.setdefault(server, {})[field] = json.dumps(
+                        {"m": method, "t": transport, "at": at}
+                    )
         for server, entries in due.items():
             ledger = self._ledger(server)
             pipe.hset(ledger, mapping=entries)
@@ -443,6 +462,8 @@ class RedisStore:
             self._pid = os.getpid()
             self._thread = None
             self._queue.clear()
+            self._held.clear()
+            self._mine.clear()
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(
                 target=self._run, name="mcp-resumption-state-writer", daemon=True
@@ -503,7 +524,8 @@ class RedisStore:
                         keys=keys, args=[item.encode(), self._ttl, item.at], client=pipe
                     )
                 elif item[0] == "forget":
-                    self._held.clear()  # never written: nothing to take out
+                    with self._wake:
+                        self._held.clear()  # never written: nothing to take out
                     for server, fields in list(self._mine.items()):
                         self._ledger_ops(pipe, ("del", server, sorted(fields)))
                 elif item[0] == "now":
