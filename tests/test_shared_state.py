@@ -331,6 +331,29 @@ def test_the_instrumentor_takes_the_state_settings(fresh, telemetry):
         assert instrumentor.processor.tracker.store is MEMORY
 
 
+def test_a_request_answered_in_time_costs_redis_nothing(fresh):
+    """The common POST: answered on its own stream, which the client then
+    closes.  Its in-flight entry never leaves memory and no record is
+    written (nothing would resume that stream)."""
+    shared = store(fresh.url)
+    t = tracker(shared)
+    warm = t.open_stream(SERVER, "streamable-http", session_id=SECRET)
+    t.stream_ended(warm, "closed", closed_by_client=True)
+    assert shared.flush()  # the server's first stream: its sweep
+    before = fresh.total_calls()
+    for n in range(1, 51):
+        stream = t.open_stream(
+            SERVER, "streamable-http", session_id=SECRET, carries=[str(n)],
+            sent=[(str(n), "tools/call")], body=tools_call(n).encode(),
+        )
+        t.event_consumed(stream)
+        t.event_received(stream, f"{n}", result(n, n))
+        t.event_consumed(stream)
+        t.stream_ended(stream, "closed after its answer", closed_by_client=True)
+    assert shared.flush(held=True)
+    assert fresh.total_calls() == before
+
+
 # ---------------------------------------------------------------- faults
 
 
