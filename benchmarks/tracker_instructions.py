@@ -2,6 +2,7 @@
 
     python3 benchmarks/tracker_instructions.py          # ~1 min; valgrind as instructions.py
     python3 benchmarks/tracker_instructions.py --ns 50 250
+    python3 benchmarks/tracker_instructions.py --state redis://127.0.0.1:6379/0
 
 What the monitor asks of the ``Tracker`` for one MCP POST whose SSE answer is
 its one event, called directly, without HTTP: the request's parse
@@ -13,6 +14,13 @@ under cachegrind, at a small and a large N, as ``instructions.py`` counts;
 a stage's row is what it adds to the one before.  This is the part of the
 plugin's cost per POST that a different record of a finished stream could
 change (``docs/performance-instructions.md``, the per-POST floor).
+
+``--state URL``: the same with the shared state in that Redis configured
+(``docs/shared-state.md``): what the host's thread does for it (the hashes,
+the in-flight entry held, the record built and queued).  The store's writer
+thread is not started: its work is off the host's path, and how much of it
+a run does depends on time (the 250 ms hold, the batching), which would make
+the difference of two runs meaningless.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import inspect
+import os
 import sys
 from collections import deque
 from pathlib import Path
@@ -27,6 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 STAGES = ("harness", "request parse", "open_stream", "attach_feed", "answer reported", "end")
 SERVER = "127.0.0.1:8000"
+STATE_VARIABLE = "MCP_RESUMPTION_BENCH_STATE"
 
 
 def worker(stage: str, n: int) -> None:
@@ -43,7 +53,14 @@ def worker(stage: str, n: int) -> None:
     from opentelemetry.instrumentation.mcp_resumption.tracker import STREAMABLE_HTTP, Tracker
 
     last = STAGES.index(stage)
-    tracker = Tracker()
+    state = os.environ.get(STATE_VARIABLE)
+    store = None
+    if state:
+        from opentelemetry.instrumentation.mcp_resumption.redis_state import RedisStore
+
+        store = RedisStore(state, b"benchmark key")
+        store._start = lambda: None  # no writer thread: the host's share only
+    tracker = Tracker(store=store)
     # The monitor's record of each request, handed back when its answer ends
     # the operation (a plugin from before the operation metric takes none).
     takes_operation = "operation" in inspect.signature(tracker.open_stream).parameters
@@ -86,7 +103,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ns", type=int, nargs=2, default=(200, 2200), metavar=("SMALL", "LARGE"))
     parser.add_argument("--worker", nargs=2, metavar=("STAGE", "N"))
+    parser.add_argument("--state", metavar="URL", help="shared state in this Redis")
     args = parser.parse_args()
+    if args.state:
+        os.environ[STATE_VARIABLE] = args.state  # the workers inherit it
     if args.worker:
         worker(args.worker[0], int(args.worker[1]))
         return
@@ -95,7 +115,8 @@ def main() -> None:
 
     small, large = args.ns
     per_post = per_unit(Path(__file__).resolve(), STAGES, (small, large))
-    print(f"python {sys.version.split()[0]}, N {small}/{large}\n")
+    state = f", state {args.state}" if args.state else ""
+    print(f"python {sys.version.split()[0]}, N {small}/{large}{state}\n")
     print("| stage | instructions per POST, added |")
     print("|---|---:|")
     previous = per_post["harness"]

@@ -57,6 +57,11 @@ ABOVE = {
     "subscriptions": {"fates", "tracker", *ROOMS, *UPPER},
     **{room: {"tracker", *_rooms_after(room), *UPPER} for room in ROOMS},
     "tracker": set(UPPER),
+    # The shared state's record: below the tracker, above nothing of the core.
+    "shared_state": {"tracker", *ROOMS, *UPPER},
+    # The Redis store: the settings and the record, never the telemetry (the
+    # owner hands it a callback to count its fallbacks).
+    "redis_state": {"tracker", *ROOMS, *UPPER},
     "facts": {"redaction", "deadlines", "telemetry", "monitor", "processor", "patches",
               *OWNER_PARTS},
     "redaction": {"deadlines", "telemetry", "monitor", "processor", "patches", *OWNER_PARTS},
@@ -89,7 +94,7 @@ ABOVE = {
 
 # The pure core: the rules, the ledgers and the tracker with its rooms import
 # the standard library and each other only (no OpenTelemetry, no HTTP client).
-PURE = ("errors", *RULES, "fates", "subscriptions", "jsonrpc", "forks", *ROOMS, "tracker")
+PURE = ("errors", *RULES, "fates", "subscriptions", "jsonrpc", "forks", "shared_state", *ROOMS, "tracker")
 
 
 def _runtime_imports(module: str) -> set[str]:

@@ -49,6 +49,9 @@ class AtExit:
         self._report_ran_twice()
         for subscription in (*self.tracker.take_overflow(), *self.tracker.all_subscriptions_due()):
             self.telemetry.count_lost_subscription(subscription)
+        # The shared state's last writes (bounded): a clean exit takes its
+        # requests out of the in-flight ledger, as it counted them itself.
+        self.tracker.store.close()
 
     def _context_of(self, subscription: Any) -> StreamContext | None:
         """The context of the open stream that carries ``subscription``."""

@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from .continuity import ReplayContract
 
@@ -33,6 +34,10 @@ MAX_STREAMS = "OTEL_PYTHON_MCP_RESUMPTION_MAX_STREAMS"
 REDACT_URLS = "OTEL_PYTHON_MCP_RESUMPTION_REDACT_URLS"
 EVENT_ID_PATTERN = "OTEL_PYTHON_MCP_RESUMPTION_EVENT_ID_PATTERN"
 OPERATION_METRIC = "OTEL_PYTHON_MCP_RESUMPTION_OPERATION_METRIC"
+# Shared state (docs/shared-state.md): a Redis URL, and the key of the hash
+# that names sessions in it (and in telemetry).
+STATE = "OTEL_PYTHON_MCP_RESUMPTION_STATE"
+STATE_KEY = "OTEL_PYTHON_MCP_RESUMPTION_STATE_KEY"
 
 MODES = ("observe", "enforce")
 SESSION_ID_POLICIES = ("hash", "raw", "omit")
@@ -52,6 +57,11 @@ class Settings:
     # mcp.client.operation.duration: one histogram point per request (the
     # SDK's record is most of its cost; off for who has the metric elsewhere).
     operation_metric: bool = True
+    # Where state is shared: None (memory, the default) or a redis:// or
+    # rediss:// URL; and the key every process of the fleet hashes session
+    # ids with (None: a random key per process, so nothing can be shared).
+    state: str | None = None
+    state_key: bytes | None = None
 
     @property
     def enforce(self) -> bool:
@@ -136,6 +146,10 @@ def load(
     if isinstance(redact, bool):
         redact = str(redact)
     pattern = raw("event_id_pattern", EVENT_ID_PATTERN)
+    state = raw("state", STATE)
+    state_key = raw("state_key", STATE_KEY)
+    if isinstance(state_key, str):
+        state_key = state_key.encode("utf-8")
     operations = raw("operation_metric", OPERATION_METRIC)
     if isinstance(operations, bool):
         operations = str(operations)
@@ -167,7 +181,27 @@ def load(
         operation_metric=defaults.operation_metric
         if operations is None
         else _choice(OPERATION_METRIC, operations, ("true", "false"), "true") == "true",
+        state=None if state is None else str(state).strip() or None,
+        state_key=state_key if isinstance(state_key, bytes) and state_key else None,
     )
+
+
+def warn_state(url: str, why: str) -> None:
+    """The shared state cannot be used: one warning per process and reason,
+    and the plugin runs in memory (``monitor``)."""
+    _warn(
+        STATE, without_password(url),
+        "%s=%r cannot be used (%s); the state stays in this process's memory", why,
+    )
+
+
+def without_password(url: str) -> str:
+    """``url`` as it may be logged: a password in it is replaced."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
 
 
 SERVER_GUARD = "OTEL_PYTHON_MCP_RESUMPTION_SERVER_GUARD"

@@ -120,6 +120,7 @@ class Findings:
             self._operations_ended()
         if step is NOTHING:
             return
+        self.tracker.share_fates(step.fates)  # out of the shared in-flight ledger
         for decided in step.fates:
             # A lost request is a gap of the attempt that waited for it, if any.
             holder = decided.broken.holder

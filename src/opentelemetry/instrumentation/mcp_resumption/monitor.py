@@ -52,6 +52,7 @@ from .forks import renew_after_fork
 from .hops import Hops, _Hop
 from .jsonrpc import LISTEN, TOOLS_LIST, answer_errors
 from .redaction import Redaction
+from .redis_state import state_store
 from .stream_reports import StreamReports
 from .telemetry import TelemetrySink
 from .tracker import Step, Tracker, bounded_id
@@ -80,6 +81,13 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels):
             self.settings.max_streams,
             self.settings.replay_contract,
             event_id_pattern=self.settings.event_id_pattern,
+            # Memory unless OTEL_PYTHON_MCP_RESUMPTION_STATE names a Redis;
+            # its fallbacks are counted once the sink below exists.
+            store=state_store(
+                self.settings,
+                lambda op, why: self.telemetry.state_fallback(op, why),
+                lambda *lost: self.telemetry.lost_elsewhere(*lost),
+            ),
         )
         # enabled: the checks run (False once shut down); active: the
         # instrumentor's patches report here (between instrument() and
@@ -118,6 +126,7 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels):
         self.telemetry.evictions.unwatch(self._evictions_token, self.tracker.evicted_streams)
         self._deferred.close()
         self._deadlines.close()
+        self.tracker.store.close()  # what is queued for the shared state, bounded
 
     # ------------------------------------------------------ session-id policy
 

@@ -6,7 +6,8 @@ the URLs that HTTP client spans record.
 
 One ``Redaction`` per owner (client or server side): its HMAC key is made
 new for each, so the hashes of two processes, or of two instrument() cycles,
-cannot be joined.
+cannot be joined; unless the shared state's key is set
+(``OTEL_PYTHON_MCP_RESUMPTION_STATE_KEY``), which a fleet shares on purpose.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class Redaction:
 
     def __init__(self, settings: config.Settings) -> None:
         self.settings = settings
-        self._hash_key = os.urandom(32)
+        # The shared state's key, where one is set: the fleet's telemetry and
+        # its Redis keys name a session by the same hash (docs/shared-state.md).
+        self._hash_key = settings.state_key or os.urandom(32)
         self._session_hashes: dict[str, str] = {}
 
     def session_attribute(self, session_id: str | None) -> str | None:

@@ -164,6 +164,16 @@ CLIENT_METHODS = frozenset(
     }
 )  # fmt: skip
 OTHER = "_OTHER"
+# The shared state (docs/shared-state.md): operations that fell back to
+# memory, by operation (read, write) and reason (redis_state.REASONS).
+STATE_FALLBACKS = (
+    "mcp.client.resumption.state.fallbacks",
+    "{operation}",
+    "Shared-state operations (Redis) that failed or were skipped, so that the "
+    "plugin went on from this process's memory",
+)
+STATE_OPERATION = "mcp.resumption.state.operation"
+STATE_REASON = "mcp.resumption.state.reason"
 EVICTED_STREAMS = (
     "mcp.client.resumption.evicted_streams",
     "{stream}",

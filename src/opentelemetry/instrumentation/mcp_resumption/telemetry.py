@@ -186,6 +186,7 @@ class Instruments:
         self.lost_subscriptions = meter.create_counter(*sc.LOST_SUBSCRIPTIONS)
         self.reissues = meter.create_counter(*sc.REISSUES)
         self.duplicate_runs = meter.create_counter(*sc.DUPLICATE_RUNS)
+        self.state_fallbacks = meter.create_counter(*sc.STATE_FALLBACKS)
         self.operation_duration = meter.create_histogram(
             *sc.OPERATION_DURATION, explicit_bucket_boundaries_advisory=sc.OPERATION_BUCKETS
         )
@@ -260,6 +261,7 @@ class TelemetrySink:
         self._lost_subscriptions = instruments.lost_subscriptions
         self._reissues = instruments.reissues
         self._duplicate_runs = instruments.duplicate_runs
+        self._state_fallbacks = instruments.state_fallbacks
         self._operation_duration = instruments.operation_duration
         self.event_totals = instruments.event_totals
         self.evictions = instruments.evictions
@@ -426,6 +428,28 @@ class TelemetrySink:
                 exported_request_id(decided.broken.key),
                 decided.gap.observed,
             )
+
+    def lost_elsewhere(self, server: str, transport: str, method: str) -> None:
+        """A request in flight in a process that died (its lease lapsed) was
+        claimed here, once for the fleet: lost.  ``server`` is the tracker's
+        ``host:port``; the transport is one of the two this plugin names."""
+        host, _, port = server.rpartition(":")
+        attributes: dict[str, Any] = {
+            sc.REQUEST_FATE: "lost",
+            sc.MCP_TRANSPORT: transport
+            if transport in (sc.TRANSPORT_SSE, sc.TRANSPORT_STREAMABLE_HTTP)
+            else sc.TRANSPORT_STREAMABLE_HTTP,
+        }
+        if host and port.isdigit():
+            attributes[sc.SERVER_ADDRESS], attributes[sc.SERVER_PORT] = host, int(port)
+        else:
+            attributes[sc.SERVER_ADDRESS] = server
+        self._broken.add(1, attributes)
+
+    def state_fallback(self, operation: str, reason: str) -> None:
+        """A shared-state operation fell back to memory (``redis_state``:
+        both values come from its bounded sets)."""
+        self._state_fallbacks.add(1, {sc.STATE_OPERATION: operation, sc.STATE_REASON: reason})
 
     # ------------------------------------------------------ operations
 

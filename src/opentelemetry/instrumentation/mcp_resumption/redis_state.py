@@ -1,0 +1,576 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The shared state in Redis 6+ or Valkey (``OTEL_PYTHON_MCP_RESUMPTION_STATE``).
+
+No OpenTelemetry here: the owner (``monitor``) hands in ``on_fallback``, which
+counts a fallback in its metric.  redis-py is an optional extra
+(``state``); ``open_store`` says why it cannot open a store instead of
+raising, and the plugin then runs in memory.
+
+Costs and bounds, the reasons for each:
+
+* No call on the per-event path.  Writes go through one daemon thread: a
+  stream's end (``save``) appends its record to a bounded queue and returns;
+  the thread writes what has queued, many records per round trip.  So no
+  write ever blocks the host's event loop.
+* One read, only where the tracker's memory misses a cursor (a resume of a
+  stream this process never saw): one ``GET``, bounded by the socket
+  timeout.
+* Every operation is bounded (``TIMEOUT``, 50 ms, for the connect and each
+  reply; redis-py's own retries are off), then the breaker (``Breaker``)
+  skips Redis for ``COOLDOWN``: a Redis that is down, stopped or full costs
+  at most one timeout per cooldown per thread, and the tracker goes on in
+  memory.  Each operation that fell back is counted; the first of an
+  episode is logged, and its end.
+* One stream's update is one Lua script: every key of the record (one per
+  cursor it can be resumed with) is set together, so two instances never
+  split one stream's history, and an older record never overwrites a newer
+  one (the script compares the writers' clocks).
+* Every key has a TTL (``TTL``, one hour: a client that resumes later has
+  lost its stream on any server that keeps replay buffers less long).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import config
+from .shared_state import MEMORY, Breaker, SharedRecord, Store, keyed_hash
+
+__all__ = [
+    "COOLDOWN", "KEY_PREFIX", "TIMEOUT", "TTL", "RedisStore", "open_store", "state_store",
+]
+
+_logger = logging.getLogger(__name__)
+
+TIMEOUT = 0.05  # s, each Redis operation (connect, reply)
+COOLDOWN = 1.0  # s the breaker skips Redis after a failure
+TTL = 3600  # s, every key
+QUEUE = 1024  # records waiting to be written; past it the oldest is dropped (counted)
+BATCH = 64  # records per round trip
+KEY_PREFIX = "mcpres:v1"
+# A process's lease on its in-flight entries: renewed by its writer every
+# third of it while it has any; once it lapses the process is gone (killed:
+# a clean exit removes its entries) and another may claim them lost.
+LEASE = 5.0  # s; the owner sets it to the reissue window (at least 1 s)
+MAX_SWEPT = 1000  # entries one sweep reads
+# An in-flight entry is written only if its request is still unanswered this
+# long after it was sent: most are answered sooner, and cost Redis nothing.
+# A process killed sooner than this after sending leaves that request
+# uncounted.
+IN_FLIGHT_DELAY = 0.25  # s
+MAX_RAW_REQUEST_KEY = 40  # longer request ids are hashed in ledger fields
+SESSION_HASH_CACHE = 1024
+# The standard places for a password when the URL has none: redis-cli's, then
+# the common container images'.
+PASSWORD_VARIABLES = ("REDISCLI_AUTH", "REDIS_PASSWORD")
+
+# KEYS: the record's keys (one per cursor).  ARGV: the record, its TTL, its
+# clock.  A key whose record is newer (another instance resumed the stream
+# since) keeps it: the newest end of a stream wins, as a whole.
+_SAVE = """
+local newest = tonumber(ARGV[3])
+for i, key in ipairs(KEYS) do
+  local at = redis.call('HGET', key, 'at')
+  if at and tonumber(at) > newest then
+    return 0
+  end
+end
+for i, key in ipairs(KEYS) do
+  redis.call('HSET', key, 'record', ARGV[1], 'at', ARGV[3])
+  redis.call('EXPIRE', key, tonumber(ARGV[2]))
+end
+return 1
+"""
+
+# What each fallback is counted by (a bounded set: the metric's attribute).
+OPERATIONS = ("read", "write")
+REASONS = ("timeout", "connection", "full", "breaker_open", "queue_full", "error")
+
+
+def _reason(error: BaseException) -> str:
+    import redis.exceptions as errors
+
+    if isinstance(error, errors.TimeoutError):
+        return "timeout"
+    if isinstance(error, errors.ConnectionError):
+        return "connection"
+    if type(error).__name__ == "OutOfMemoryError" or (
+        isinstance(error, errors.ResponseError) and "maxmemory" in str(error)
+    ):
+        return "full"
+    return "error"
+
+
+def state_store(
+    settings: config.Settings,
+    on_fallback: Callable[[str, str], None],
+    on_lost: Callable[[str, str, str], None] | None = None,
+) -> Store:
+    """The store the settings ask for: memory unless a usable Redis URL and
+    a shared key are given (one warning, then memory, if not).
+    ``on_fallback(operation, reason)``: an operation fell back to memory;
+    ``on_lost(server, transport, method)``: a dead process's request was
+    claimed here, lost."""
+    url = settings.state
+    if url is None:
+        return MEMORY
+    if settings.state_key is None:
+        # A random key per process: no other process could find a record.
+        config.warn_state(url, f"{config.STATE_KEY} is not set, so no other process could read it")
+        return MEMORY
+    # A dead process's requests are lost once the reissue window (the
+    # confirmation window) has passed: its lease lapses no sooner.
+    options: dict[str, Any] = {"lease": max(1.0, settings.confirm_timeout)}
+    if on_lost is not None:
+        options["on_lost"] = on_lost
+    store, why = open_store(url, settings.state_key, on_fallback, **options)
+    if store is None:
+        config.warn_state(url, why or "unknown")
+        return MEMORY
+    return store
+
+
+def open_store(
+    url: str, key: bytes, on_fallback: Callable[[str, str], None], **options: Any
+) -> tuple[RedisStore | None, str | None]:
+    """A store on ``url``, or None and why not (the caller warns once)."""
+    scheme = urlsplit(url).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        return None, f"{url!r} is not a redis://, rediss:// or unix:// URL"
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        return None, (
+            "the Redis client is not installed (pip install "
+            "'opentelemetry-instrumentation-mcp-resumption[state]')"
+        )
+    return RedisStore(url, key, on_fallback, **options), None
+
+
+class RedisStore:
+    """Records shared through one Redis; see the module docstring."""
+
+    shared = True
+
+    def __init__(
+        self,
+        url: str,
+        key: bytes,
+        on_fallback: Callable[[str, str], None] = lambda operation, reason: None,
+        *,
+        timeout: float = TIMEOUT,
+        cooldown: float = COOLDOWN,
+        ttl: int = TTL,
+        lease: float = LEASE,
+        in_flight_delay: float = IN_FLIGHT_DELAY,
+        on_lost: Callable[[str, str, str], None] = lambda server, transport, method: None,
+    ) -> None:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        password = None
+        if not urlsplit(url).password:
+            password = next(
+                (os.environ[name] for name in PASSWORD_VARIABLES if os.environ.get(name)), None
+            )
+        options = {"password": password} if password else {}
+        self._client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            # One try: the breaker, not redis-py, decides when to try again.
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+            **options,
+        )
+        self._save_script = self._client.register_script(_SAVE)
+        self._key = key
+        self._session_hashes: dict[str, str] = {}
+        self._ttl = ttl
+        self._on_fallback = on_fallback
+        self._on_lost = on_lost
+        # The in-flight ledger: this process's entries (server -> fields),
+        # its lease, and the servers to sweep for a dead process's entries
+        # (server -> when).
+        self._lease = lease
+        self._mine: dict[str, set[str]] = {}
+        # (server, field) -> (when it is due, (method, transport, time)):
+        # entries not written yet; shared with the callers, under ``_wake``.
+        self._held: dict[tuple[str, str], tuple[float, tuple[str, str, float]]] = {}
+        self._delay = in_flight_delay
+        self._leased_at = 0.0
+        self._sweeps: dict[str, float] = {}
+        self.lost_claimed = 0
+        self._breaker = Breaker(cooldown)
+        self._breaker_lock = threading.Lock()
+        # This process, as records name their writer.
+        self.writer = uuid.uuid4().hex[:16]
+        # Records, and the in-flight ledger's operations: ("del", server,
+        # fields), ("sweep", server), ("forget", ""), ("now", "").
+        self._queue: collections.deque[SharedRecord | tuple] = collections.deque()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._writing = False
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        # Counted, for the tests and the docs' cost table: round trips made.
+        self.reads = 0
+        self.writes = 0
+
+    # ------------------------------------------------------------ keys
+
+    def session_hash(self, session_id: str | None) -> str | None:
+        if session_id is None:
+            return None
+        # Cached as the redaction caches its hash: a session sends many requests.
+        hashed = self._session_hashes.get(session_id)
+        if hashed is None:
+            if len(self._session_hashes) >= SESSION_HASH_CACHE:
+                self._session_hashes.clear()
+            hashed = self._session_hashes[session_id] = keyed_hash(self._key, session_id)
+        return hashed
+
+    def record_key(self, server: str, cursor: str, session_hash: str | None = None) -> str:
+        """Where a record is kept: per server, session and cursor, all hashed
+        (an event id may embed the session id); ``-`` for the key of any
+        session, which a client that names no session is looked up under.
+        Both are written: servers that count ids per session repeat them
+        across sessions, and a client that names its session must find its
+        own session's record, whichever session wrote the other key last."""
+        return (
+            f"{KEY_PREFIX}:c:{keyed_hash(self._key, server)}:{session_hash or '-'}:"
+            f"{keyed_hash(self._key, cursor)}"
+        )
+
+    # ------------------------------------------------------------ faults
+
+    def _allowed(self, operation: str) -> bool:
+        with self._breaker_lock:
+            allowed = self._breaker.allows()
+        if not allowed:
+            self._on_fallback(operation, "breaker_open")
+        return allowed
+
+    def _failed(self, operation: str, error: BaseException) -> None:
+        reason = _reason(error)
+        with self._breaker_lock:
+            started = self._breaker.failed()
+        self._on_fallback(operation, reason)
+        if started:
+            _logger.warning(
+                "mcp-resumption: the shared state in Redis failed (%s: %s); resumes are judged "
+                "from this process's memory until it answers again",
+                reason,
+                type(error).__name__,
+            )
+
+    def _succeeded(self) -> None:
+        with self._breaker_lock:
+            ended = self._breaker.succeeded()
+        if ended:
+            _logger.warning("mcp-resumption: the shared state in Redis answers again")
+
+    @property
+    def episodes(self) -> int:
+        return self._breaker.episodes
+
+    # ------------------------------------------------------------ reads
+
+    def lookup(
+        self, server: str, cursor: str, session_hash: str | None = None
+    ) -> SharedRecord | None:
+        """The record of the stream that issued ``cursor`` on ``server``, if
+        another process (or this one, earlier) wrote it: the named
+        session's record first, else any session's; one bounded round trip."""
+        if not self._allowed("read"):
+            return None
+        try:
+            self.reads += 1
+            keys = [self.record_key(server, cursor)]
+            if session_hash is not None:
+                keys.insert(0, self.record_key(server, cursor, session_hash))
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hget(key, "record")
+            found = pipe.execute()
+        except Exception as error:  # any fault of the store: memory goes on
+            self._failed("read", error)
+            return None
+        self._succeeded()
+        for raw in found:
+            record = SharedRecord.decode(raw)
+            if record is not None and record.server == server:
+                return record
+        return None
+
+    # ------------------------------------------------------------ writes
+
+    def save(self, record: SharedRecord) -> None:
+        """Queue ``record`` for the writer thread; never blocks, never
+        raises.  Past ``QUEUE`` items waiting, the oldest is dropped."""
+        if not record.cursors():
+            return
+        self._enqueue(record)
+
+    def _enqueue(self, item: SharedRecord | tuple) -> None:
+        if self._closed:
+            return
+        with self._wake:
+            if len(self._queue) >= QUEUE:
+                self._queue.popleft()
+                self._on_fallback("write", "queue_full")
+            self._queue.append(item)
+            self._start()
+            self._wake.notify()
+
+    # ------------------------------------------------------ in flight
+
+    def _field(self, writer: str, session_hash: str | None, key: str) -> str:
+        # A JSON-RPC id as the ledger keys it ("1", '"abc"'): not a secret,
+        # hashed only when long (an HMAC per request is most of this cost).
+        if len(key) > MAX_RAW_REQUEST_KEY or "|" in key:
+            key = "h:" + keyed_hash(self._key, key)
+        return f"{writer}|{session_hash or '-'}|{key}"
+
+    def _ledger(self, server: str) -> str:
+        return f"{KEY_PREFIX}:f:{keyed_hash(self._key, server)}"
+
+    def in_flight(
+        self, server: str, session_hash: str | None, requests: list[tuple[str, str]],
+        transport: str,
+    ) -> None:
+        """Requests sent on a stream now open: held ``IN_FLIGHT_DELAY``, then
+        entered in the server's in-flight ledger (by the writer thread) if
+        still unanswered, so that if this process dies before their fates,
+        another process counts them lost.  A few dict operations here: the
+        writer is woken only for the first entry held."""
+        due = time.monotonic() + self._delay
+        now = time.time()
+        with self._wake:
+            first = not self._held
+            for key, method in requests:
+                field = self._field(self.writer, session_hash, key)
+                self._held[(server, field)] = (due, (method, transport, now))
+            if first and not self._closed:
+                self._start()
+                self._wake.notify()
+
+    def settled(
+        self, server: str, session_hash: str | None, keys: list[str], writer: str | None = None
+    ) -> None:
+        """Their fates are known here (or, with another ``writer``'s record
+        restored, this process takes them over): out of the ledger.  One
+        still held never reaches Redis."""
+        written = []
+        with self._wake:
+            for key in keys:
+                field = self._field(writer or self.writer, session_hash, key)
+                if self._held.pop((server, field), None) is None:
+                    written.append(field)
+        if written:
+            self._enqueue(("del", server, written))
+
+    def sweep(self, server: str) -> None:
+        """Look for entries of dead processes on ``server`` (queued: the
+        writer thread reads them)."""
+        self._enqueue(("sweep", server))
+
+    def _ledger_ops(self, pipe: Any, op: tuple) -> None:
+        """Entries written (by this process, or by another whose requests
+        this one took over with a restored record) out of the ledger."""
+        server, written = op[1], op[2]
+        pipe.hdel(self._ledger(server), *written)
+        mine = self._mine.get(server)
+        if mine:
+            mine.difference_update(written)
+            if not mine:
+                del self._mine[server]
+
+    def _write_held(self, pipe: Any, everything: bool = False) -> None:
+        """The held entries whose delay is over (``everything``: all)."""
+        now = time.monotonic()
+        due: dict[str, dict[str, str]] = {}
+        with self._wake:
+            for (server, field), (when, entry) in list(self._held.items()):
+                if everything or when <= now:
+                    del self._held[(server, field)]
+                    method, transport, at = entry
+                    due.setdefault(server, {})[field] = json.dumps(
+                        {"m": method, "t": transport, "at": at}
+                    )
+        for server, entries in due.items():
+            ledger = self._ledger(server)
+            pipe.hset(ledger, mapping=entries)
+            pipe.expire(ledger, self._ttl)
+            self._mine.setdefault(server, set()).update(entries)
+
+    def _renew_lease(self, pipe: Any) -> None:
+        if self._mine:
+            pipe.set(f"{KEY_PREFIX}:w:{self.writer}", 1, px=max(1, int(self._lease * 1000)))
+            self._leased_at = time.monotonic()
+
+    def _sweep(self, server: str) -> None:
+        """Claim, once for the whole fleet (SET NX), each entry whose
+        process's lease lapsed, and count it lost; come back for entries of
+        processes still alive (their lease may yet lapse)."""
+        client = self._client
+        ledger = self._ledger(server)
+        _, found = client.hscan(ledger, 0, count=MAX_SWEPT)
+        entries = {
+            (field.decode() if isinstance(field, bytes) else field): value
+            for field, value in list(found.items())[:MAX_SWEPT]
+        }
+        writers = sorted({field.split("|", 1)[0] for field in entries} - {self.writer})
+        if not writers:
+            return
+        pipe = client.pipeline(transaction=False)
+        for writer in writers:
+            pipe.exists(f"{KEY_PREFIX}:w:{writer}")
+        alive = {writer for writer, live in zip(writers, pipe.execute()) if live}
+        if alive:
+            self._sweeps[server] = time.monotonic() + self._lease / 2
+        for field, value in entries.items():
+            writer = field.split("|", 1)[0]
+            if writer == self.writer or writer in alive:
+                continue
+            claim = f"{KEY_PREFIX}:k:{keyed_hash(self._key, server)}:{field}"
+            if client.set(claim, self.writer, nx=True, ex=self._ttl):
+                client.hdel(ledger, field)
+                try:
+                    entry = json.loads(value)
+                    method, transport = str(entry["m"]), str(entry["t"])
+                except (ValueError, TypeError, KeyError):
+                    continue
+                self.lost_claimed += 1
+                self._on_lost(server, transport, method)
+
+    def _start(self) -> None:
+        if os.getpid() != self._pid:  # a forked child: its own thread, no inherited queue
+            self._pid = os.getpid()
+            self._thread = None
+            self._queue.clear()
+            self._held.clear()
+            self._mine.clear()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._run, name="mcp-resumption-state-writer", daemon=True
+            )
+            self._thread.start()
+
+    def _due(self) -> float | None:
+        """Seconds until the writer must wake with nothing queued: to write
+        held entries, renew its lease, or sweep a server again; None: never."""
+        now = time.monotonic()
+        times = list(self._sweeps.values())
+        if self._held:
+            times.append(min(when for when, _ in self._held.values()))
+        if self._mine:
+            times.append(self._leased_at + self._lease / 3)
+        return max(0.0, min(times) - now) if times else None
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._closed:
+                    due = self._due()
+                    if due == 0.0:
+                        break
+                    self._wake.wait(due)
+                if self._closed and not self._queue:
+                    return
+                batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
+                self._writing = True
+            try:
+                self._write(batch)
+            finally:
+                with self._wake:
+                    self._writing = False
+                    self._wake.notify_all()
+
+    def _write(self, batch: list[SharedRecord | tuple]) -> None:
+        now = time.monotonic()
+        sweeps = [op[1] for op in batch if isinstance(op, tuple) and op[0] == "sweep"]
+        for server, when in list(self._sweeps.items()):
+            if when <= now:
+                del self._sweeps[server]
+                sweeps.append(server)
+        if not self._allowed("write"):
+            return  # dropped: this process's memory still holds them
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for item in batch:
+                if isinstance(item, SharedRecord):
+                    cursors = item.raw_cursors or item.cursors()
+                    keys = [self.record_key(item.server, cursor) for cursor in cursors]
+                    if item.session_hash is not None:
+                        keys += [
+                            self.record_key(item.server, cursor, item.session_hash)
+                            for cursor in cursors
+                        ]
+                    self._save_script(
+                        keys=keys, args=[item.encode(), self._ttl, item.at], client=pipe
+                    )
+                elif item[0] == "forget":
+                    with self._wake:
+                        self._held.clear()  # never written: nothing to take out
+                    for server, fields in list(self._mine.items()):
+                        self._ledger_ops(pipe, ("del", server, sorted(fields)))
+                elif item[0] == "now":
+                    self._write_held(pipe, everything=True)
+                elif item[0] != "sweep":
+                    self._ledger_ops(pipe, item)
+            self._write_held(pipe)
+            self._renew_lease(pipe)
+            self.writes += 1
+            pipe.execute()
+            for server in dict.fromkeys(sweeps):
+                self._sweep(server)
+        except Exception as error:  # any fault of the store: memory goes on
+            self._failed("write", error)
+            return
+        self._succeeded()
+
+    def flush(self, timeout: float = 1.0, held: bool = False) -> bool:
+        """Wait until every queued record is written (or dropped), at most
+        ``timeout`` s: the tests, and the exit, wait for an event this way.
+        ``held``: the in-flight entries still held are written too."""
+        if held:
+            self._enqueue(("now", ""))
+        deadline = time.monotonic() + timeout
+        with self._wake:
+            while self._queue or self._writing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.wait(left)
+        return True
+
+    def close(self) -> None:
+        """Write what is queued (bounded), take this process's entries out of
+        the in-flight ledgers (a clean exit counts its own: the monitor's
+        exit accounting), then stop the thread."""
+        if self._closed:
+            return
+        if self._thread is not None:
+            # The writer thread owns ``_mine``: it builds the deletions itself.
+            self._enqueue(("forget", ""))
+        self.flush(timeout=4 * TIMEOUT * max(1, len(self._queue) // BATCH))
+        with self._wake:
+            self._closed = True
+            self._queue.clear()
+            self._wake.notify_all()
+        with contextlib.suppress(Exception):  # closing a broken connection: nothing to do
+            self._client.close()

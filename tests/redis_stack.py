@@ -1,0 +1,116 @@
+"""A real redis-server (Debian's package) on a loopback port of its own, for
+the shared-state tests: started, stopped, killed, restarted on the same port,
+paused (SIGSTOP) and resumed, and filled up, as the fault cases need.
+
+Waits are for events (the server answering PING, the process exiting),
+never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class RedisServer:
+    """One redis-server child on 127.0.0.1:``port``, no persistence."""
+
+    def __init__(
+        self, directory: Path, port: int | None = None, password: str | None = None
+    ) -> None:
+        if not os.path.exists(REDIS_SERVER):
+            pytest.skip("redis-server is not installed (Debian's 'redis-server' package)")
+        self.directory = directory
+        self.port = port or free_port()
+        self.password = password
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self):
+        import redis
+
+        return redis.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=2, password=self.password
+        )
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--daemonize", "no",
+                "--dir", str(self.directory), "--loglevel", "warning",
+                *(["--requirepass", self.password] if self.password else []),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        import redis
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.client().ping():
+                    return
+            except redis.exceptions.ConnectionError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on {self.port} did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """SIGTERM, and wait until it is gone."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def pause(self) -> None:
+        """The server stops answering (its sockets stay open): a slow Redis."""
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def total_calls(self) -> int:
+        """Commands the server ran so far (INFO commandstats), less those of
+        the counting itself (INFO, and a new connection's handshake)."""
+        stats = self.client().info("commandstats")
+        own = {"cmdstat_info", "cmdstat_client|setinfo", "cmdstat_hello", "cmdstat_ping"}
+        return sum(value["calls"] for name, value in stats.items() if name not in own)
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGCONT)  # a paused one cannot exit
+            self.kill()
