@@ -94,7 +94,10 @@ ABOVE = {
 
 # The pure core: the rules, the ledgers and the tracker with its rooms import
 # the standard library and each other only (no OpenTelemetry, no HTTP client).
-PURE = ("errors", *RULES, "fates", "subscriptions", "jsonrpc", "forks", "shared_state", *ROOMS, "tracker")
+PURE = (
+    "errors", *RULES, "fates", "subscriptions", "jsonrpc", "forks", "shared_state", *ROOMS,
+    "tracker",
+)
 
 
 def _runtime_imports(module: str) -> set[str]:
