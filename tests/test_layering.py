@@ -18,7 +18,10 @@ PACKAGE = (
 
 # The rooms of the tracker (issue 30), lowest first: each may import the
 # rooms before it, never one after it, nor the tracker that composes them.
-ROOMS = ("seen_window", "records", "requests", "cursors", "breaks", "resumes", "streams")
+ROOMS = (
+    "seen_window", "records", "requests", "cursors", "breaks", "resumes", "streams", "sharing",
+    "request_side",
+)
 # The parts of the owner (issue 30): the bases of ResumptionMonitor, each read
 # alone, none importing another (they meet in the monitor, through ``self``).
 OWNER_PARTS = ("channels", "hops", "findings", "stream_reports", "at_exit")

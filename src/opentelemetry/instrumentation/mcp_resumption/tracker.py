@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -45,11 +44,6 @@ from .cursors import CursorIndex
 from .event_ids import EventId, parse_declared, parse_event_id
 from .fates import Broken
 from .forks import renew_after_fork
-from .jsonrpc import (
-    calls_in,
-    cancelled_in,
-    responses_in,
-)
 from .records import (
     MAX_KEPT_ID_BYTES,
     NOTHING,
@@ -60,16 +54,14 @@ from .records import (
     Stream,
     bounded_id,
 )
-from .requests import SENT_TRIM, SENT_WINDOW, Operation, Reissues, Requests
+from .request_side import RequestSide
+from .requests import SENT_TRIM, SENT_WINDOW, Reissues, Requests
 from .resumes import Resumes
 from .seen_window import SEEN_WINDOW
-from .shared_state import MEMORY, UNKNOWN_SESSION, SharedRecord, Store
+from .shared_state import MEMORY, Store
+from .sharing import Sharing
 from .streams import StreamLife
-from .subscriptions import LostSubscription, SubscriptionLedger
-
-# Servers remembered as swept for a dead process's requests (then forgotten,
-# and swept again: a sweep is idempotent).
-MAX_SWEPT_SERVERS = 1024
+from .subscriptions import SubscriptionLedger
 
 # Re-exported: the names the other modules, the tests, the benchmarks and
 # the demo import from here, the tracker's API (its arguments and results).
@@ -79,7 +71,7 @@ __all__ = [
 ]
 
 
-class Tracker:
+class Tracker(RequestSide):
     """The API the monitor calls: each public method takes the one lock and
     composes the rooms (see the module docstring); none of them is called
     without it."""
@@ -92,13 +84,6 @@ class Tracker:
         store: Store | None = None,
     ) -> None:
         self.contract = contract
-        # Where ended streams are shared with other processes (see
-        # ``shared_state``); the memory store shares nothing.
-        self.store: Store = store if store is not None else MEMORY
-        self._swept: set[str] = set()  # servers whose in-flight ledger was swept
-        # New stream key -> the breaks recorded when the stream its cursor
-        # names was restored from another process's record (see ``response``).
-        self._restored_breaks: dict[int, tuple[Broken, ...]] = {}
         # A declared scheme (a compiled regex with a ``counter`` group)
         # replaces the inference from the ids' shape.
         self._parse: Callable[[str | None], EventId | None] = (
@@ -121,6 +106,10 @@ class Tracker:
             contract, self._parse, self.index, self.requests, self.reissues, self.breaks,
             self.resumes,
         )
+        # Where ended streams are shared with other processes (see
+        # ``shared_state``); the memory store shares nothing.
+        self.sharing = Sharing(store if store is not None else MEMORY, self.index, self.breaks)
+        self.store: Store = self.sharing.store
         renew_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -148,29 +137,6 @@ class Tracker:
     @property
     def evicted_sessions(self) -> int:
         return self.index.evicted_sessions
-
-    @property
-    def operations_done(self) -> list[Operation]:
-        """Operations ended by an answer or a fate, not taken yet (read
-        without the lock: a test whether to take them)."""
-        return self.requests.operations_done
-
-    # ---------------------------------------------------------- requests
-
-    def request_sent(
-        self,
-        server: str,
-        session_id: str | None,
-        requests: Iterable[tuple[str, str]] | None,
-        path: str | None = None,
-        operation: Any = None,
-    ) -> None:
-        """JSON-RPC requests POSTed in a session (or sessionless, to ``path``);
-        ``None``: a body that was not read, so the ledger no longer knows
-        every request of the session.  ``operation``: the caller's record of
-        the request, handed back when its answer or fate ends it."""
-        with self._lock:
-            self.requests.sent(self.index.session(server, session_id, path), requests, operation)
 
     # ----------------------------------------------------------- streams
 
@@ -200,18 +166,19 @@ class Tracker:
         cursor = bounded_id(last_event_id) or None
         claimed = request_session_id if request_session_id is not None else session_id
         index = self.index
+        sharing = self.sharing
         shared = None
-        if cursor is not None and self.store.shared:
+        if cursor is not None and sharing.store.shared:
             with self._lock:
                 self._flush(fold=True)
-                known = self._seen_here(server, cursor)
+                known = sharing.seen_here(server, cursor)
             if not known:
                 # A cursor this process never saw (a restarted client, another
                 # instance's stream): the one read of the shared state,
                 # bounded, outside the lock.  (An owner found under the lock
                 # below still wins over the record.)  One it saw and could
                 # not bind stays as memory judges it.
-                shared = self.store.lookup(server, cursor, self.store.session_hash(claimed))
+                shared = sharing.lookup(server, cursor, claimed)
         with self._lock:
             session = None
             if sent != ():
@@ -221,7 +188,9 @@ class Tracker:
             previous = index.owner(server, cursor, claimed, path) if cursor else None
             restored_breaks: tuple[Broken, ...] = ()
             if previous is None and shared is not None:
-                previous, restored_breaks = self._restore(shared, cursor, claimed, path)
+                previous, restored_breaks = sharing.restore(
+                    shared, cursor, claimed, path, next(self._keys)
+                )
             if previous is not None and previous.session.session_id is not None:
                 session = previous.session
             elif session is None:
@@ -239,11 +208,9 @@ class Tracker:
             if cursor is not None:
                 stream.check = self.resumes.begin(stream, cursor, previous, claimed)
                 if restored_breaks:
-                    if len(self._restored_breaks) >= MAX_SWEPT_SERVERS:  # never answered: bounded
-                        self._restored_breaks.clear()
-                    self._restored_breaks[stream.key] = restored_breaks
-            if self.store.shared:
-                self._share_open(stream)
+                    sharing.hold_breaks(stream, restored_breaks)
+            if sharing.store.shared:
+                sharing.opened(stream)
             return stream
 
     def resuming(
@@ -312,7 +279,7 @@ class Tracker:
                 step = self.resumes.run(stream, lambda: check.on_failure(error))
             else:
                 step = self.resumes.run(stream, lambda: check.on_response(status, session_id))
-            restored = self._restored_breaks and self._restored_breaks.pop(stream.key, None)
+            restored = self.sharing.restored_breaks and self.sharing.take_breaks(stream)
             if restored:
                 # The breaks of another process's stream, recorded here at its
                 # restore: reported with this resume's first step, so the
@@ -366,109 +333,6 @@ class Tracker:
         """The stream carried ``retry:``: the server polls (and how often)."""
         stream.retry(retry_ms)
 
-    # ------------------------------------------------- requests' fates
-
-    def session_terminated(self, server: str, session_id: str) -> Step:
-        """The client asked the server to end the session (HTTP DELETE):
-        its broken requests are lost."""
-        with self._lock:
-            session = self.index.find_session(server, session_id, None)
-            return NOTHING if session is None else self.breaks.session_closed(session)
-
-    def cancelling(self, server: str, session_id: str | None, path: str, body: bytes) -> None:
-        """The client is about to send ``notifications/cancelled``: the
-        requests it names and that have not broken yet are no longer
-        awaited, so the stream the server then ends without their answers
-        breaks nothing.  Told before the cancel is sent, which is before the
-        server can end those streams.  (One whose stream ended before is the
-        SDK's courtesy cancel after a failure: its fate runs on.)"""
-        keys = cancelled_in(body)
-        with self._lock:
-            session = self.index.find_session(server, session_id, path)
-            if session is not None and session.pending:
-                self.breaks.cancelling(session, keys)
-
-    def reissued(
-        self,
-        server: str,
-        session_id: str | None,
-        path: str,
-        body: bytes,
-        protocol_version: str | None = None,
-    ) -> Step:
-        """Requests in ``body`` were sent to ``server`` (speaking
-        ``protocol_version``): those that repeat a broken request's call under
-        a new id decide its fate, and say whether that was safe."""
-        calls = calls_in(body)
-        with self._lock:
-            session = self.index.find_session(server, session_id, path)
-            decided = self.broken.reissued(server, session, calls)
-            if not decided:
-                return NOTHING
-            if session is None:  # its answer will be read in this session
-                session = self.index.session(server, session_id, path)
-            judge = self.reissues.judge
-            return self.breaks.fated([judge(each, session, protocol_version) for each in decided])
-
-    def json_answered(
-        self, server: str, session_id: str | None, path: str, lists_tools: bool, answer: bytes
-    ) -> None:
-        """A POST's JSON answer was read: the tools/list hints it carries (if
-        ``lists_tools``), and the answers a watched re-issue waits for."""
-        with self._lock:
-            if lists_tools:
-                self.reissues.remember_hints(server, answer)
-            if self.reissues.watched:
-                session = self.index.find_session(server, session_id, path)
-                keys = responses_in(answer.decode("utf-8", "replace")) if session else None
-                if keys:
-                    self.reissues.answers_seen(session, keys)
-
-    def take_operations(self) -> list[Operation]:
-        """The operations ended since the last call: (method, request key,
-        the caller's record of the request, error.type or None)."""
-        with self._lock:
-            return self.requests.take_operations()
-
-    @property
-    def watches_reissues(self) -> bool:
-        return bool(self.reissues.watched)
-
-    @property
-    def ran_twice_found(self) -> bool:
-        return bool(self.reissues.ran_twice)
-
-    def take_ran_twice(self) -> list[Broken]:
-        """Re-issued calls proven to have run twice since the last call."""
-        with self._lock:
-            return self.reissues.take_ran_twice()
-
-    def subscriptions_due(self, window: float) -> list[LostSubscription]:
-        """Lost subscriptions whose re-listen window has passed: counted now."""
-        with self._lock:
-            return self.subscriptions.due(time.monotonic(), window)
-
-    def fates_due(self, window: float) -> Step:
-        """Broken requests whose reissue window has passed are lost."""
-        with self._lock:
-            return self.breaks.fated(self.broken.due(time.monotonic(), window))
-
-    def all_lost(self, why: str) -> Step:
-        """The client stops waiting for everything (the process exits): its
-        broken requests are lost, and so are the subscriptions still open."""
-        with self._lock:
-            return self.breaks.all_lost(self.index.streams.values(), why)
-
-    def all_subscriptions_due(self) -> list[LostSubscription]:
-        """Every lost subscription still waiting: counted now (the exit)."""
-        with self._lock:
-            return self.subscriptions.all_due()
-
-    def take_overflow(self) -> list[LostSubscription]:
-        """Lost subscriptions counted early, the ledger being full."""
-        with self._lock:
-            return self.breaks.take_overflow()
-
     # -------------------------------------------------------------- ends
 
     def stream_ended(
@@ -485,37 +349,19 @@ class Tracker:
         server closing it on purpose, and the next resume is a poll.
         ``held_open``: it was open at least the confirmation window, so an
         empty poll closed then is the server's "nothing new yet"."""
-        record = None
         with self._lock:
             step = self.life.end(stream, reason, closed_by_client, clean, held_open)
-            if self.store.shared:
-                pending = stream.session.pending or {}
-                answered = [key for key in stream.carries if key not in pending]
-                lineage = stream.lineage
-                awaited = any(owner in (None, lineage) for _, owner in pending.values())
-                # A request's stream the client closed after its answers, with
-                # nothing of its lineage awaited (how the SDKs finish a call),
-                # is never resumed: its record would cost a write for nothing.
-                finished = closed_by_client and bool(stream.carries) and not awaited
-                if stream.last_received is not None and not finished:
-                    record = self._record(stream)
-        if self.store.shared:
-            # Queued for the store's writer: no I/O here.
-            if record is not None:
-                self.store.save(record)
-            if answered:
-                self.store.settled(stream.server, self._session_hash(stream.session), answered)
+            if not self.sharing.store.shared:
+                return step
+            shared = self.sharing.ended(stream, closed_by_client)
+        self.sharing.hand_over(stream, *shared)  # queued for the store's writer
         return step
 
     def share_fates(self, fates: Iterable[Any]) -> None:
         """Fates decided here (``Step.fates``): out of the shared in-flight
         ledger, so no other process counts them when this one is gone."""
-        if not self.store.shared:
-            return
-        for decided in fates:
-            broken = decided.broken
-            session_hash = self._session_hash(broken.session)
-            self.store.settled(broken.server, session_hash, [broken.key])
+        if self.sharing.store.shared:
+            self.sharing.fated(fates)
 
     def lineage_ended(self, stream: Stream, why: str) -> Step:
         """The client did not resume ``stream`` (a resumed stream that ended
@@ -532,133 +378,6 @@ class Tracker:
             return self.resumes.run(stream, lambda: check.on_timeout(seconds))
 
     # ---------------------------------------------------------- internals
-
-    def _session_hash(self, session: Any) -> str | None:
-        session_id = session.session_id
-        if session_id is not None and session_id.startswith(UNKNOWN_SESSION):
-            # Restored from a record whose session this process never knew.
-            return session_id[len(UNKNOWN_SESSION) :]
-        return self.store.session_hash(session_id)
-
-    def _share_open(self, stream: Stream) -> None:
-        """A stream opened (under the lock): the first of its server makes
-        the store look for a dead process's requests there; the requests it
-        carries go into the shared in-flight ledger.  Both queued."""
-        server = stream.server
-        if server not in self._swept:
-            if len(self._swept) >= MAX_SWEPT_SERVERS:
-                self._swept.clear()
-            self._swept.add(server)
-            self.store.sweep(server)
-        pending = stream.session.pending
-        if stream.carries and pending:
-            carried = [(key, pending[key][0]) for key in stream.carries if key in pending]
-            if carried:
-                self.store.in_flight(
-                    server, self._session_hash(stream.session), carried, stream.transport
-                )
-
-    def _record(self, stream: Stream) -> SharedRecord:
-        """What a resume of ``stream``'s cursor in another process needs of
-        it (under the lock): its ids, its session's seen window, the
-        requests of its lineage still in flight."""
-        session = stream.session
-        session_id = session.session_id
-        session_hash = self._session_hash(session)
-        lineage = stream.lineage
-        return SharedRecord.of(
-            server=stream.server,
-            session_id=session_id,
-            session_hash=session_hash,
-            path=stream.path,
-            transport=stream.transport,
-            last_received=stream.last_received,
-            last_consumed=stream.last_consumed,
-            seen=session.seen.items(),
-            meanings=stream.meanings,
-            pending=[
-                (key, method)
-                for key, (method, owner) in (session.pending or {}).items()
-                if owner is None or owner == lineage
-            ],
-            unconsumed_responses=stream.unconsumed_responses,
-            primed=stream.primed,
-            retry_ms=stream.retry_ms,
-            server_closed=stream.server_closed,
-            writer=getattr(self.store, "writer", ""),
-        )
-
-    def _seen_here(self, server: str, cursor: str) -> bool:
-        """Whether a stream of ``server`` tracked here issued ``cursor`` (under
-        the lock, index flushed)."""
-        owners = self.index.cursors.get(cursor)
-        if owners is None:
-            return False
-        streams = (owners,) if isinstance(owners, Stream) else tuple(owners.values())
-        return any(stream.server == server for stream in streams)
-
-    def _restore(
-        self, record: SharedRecord, cursor: str, claimed: str | None, path: str | None
-    ) -> tuple[Stream | None, tuple[Broken, ...]]:
-        """An ended stream rebuilt from another process's record of it
-        (under the lock): tracked as if this process had read it, so the
-        resume of ``cursor`` is judged by the same rules; and the requests
-        it broke there with, recorded broken here."""
-        if record.session_hash is None:
-            if record.path != path:
-                return None, ()  # a sessionless stream's ids are its path's only
-            session_id = None
-        elif claimed is not None and self.store.session_hash(claimed) == record.session_hash:
-            session_id = claimed  # the session the client names is the cursor's
-        elif (embedded := record.session_in(cursor, self.store.session_hash)) is not None:
-            session_id = embedded  # the cursor itself names its session
-        else:
-            # Issued in another session, whose id this process never saw: a
-            # stand-in for it, never equal to a real one, so the answer's
-            # session id differs from it (``session_changed``).
-            session_id = UNKNOWN_SESSION + record.session_hash
-        restored = record.ids_for(session_id)
-        if restored is None or cursor not in (restored.last_received, restored.last_consumed):
-            return None, ()  # its ids need a session id this process cannot know
-        index = self.index
-        session = index.session(record.server, session_id, record.path)
-        # The requests it sent before are not all known here.
-        session.ledger_unknown = True
-        session.seen.remember_all(restored.seen)
-        stream = Stream(next(self._keys), record.server, record.transport, session, record.path)
-        stream.last_received = restored.last_received
-        stream.last_consumed = restored.last_consumed
-        stream.meanings = restored.meanings or None
-        stream.unconsumed_responses = restored.unconsumed_responses
-        stream.primed = restored.primed
-        stream.retry_ms = restored.retry_ms
-        stream.server_closed = restored.server_closed
-        stream.ended = True
-        index.admit(stream)
-        stream.dirty = True
-        index.dirty.append(stream)
-        index.flush()
-        broke: list[Broken] = []
-        if restored.pending:
-            pending = session.pending if session.pending is not None else {}
-            for key, method in restored.pending.items():
-                pending.setdefault(key, (method, stream.lineage))
-            session.pending = pending
-            # Their fates are this process's to decide now: out of the
-            # writer's in-flight entries, so its death does not count them.
-            self.store.settled(
-                record.server, record.session_hash, list(restored.pending), writer=record.writer
-            )
-            if not restored.server_closed:
-                # The stream broke there with these in flight, as a stream
-                # that breaks here records them (``Breaks.broken_stream``):
-                # their fates (answered by the resume, or lost) are counted.
-                for key, method in restored.pending.items():
-                    self.breaks.record_break(stream, key, method, None, broke, [])
-                holders = session.holders if session.holders is not None else {}
-                holders.update((broken.key, stream.key) for broken in broke)
-                session.holders = holders or None
-        return stream, tuple(broke)
 
     def _flush(self, fold: bool = False) -> None:
         """Bring the cursor index and the LRU order up to date with the
