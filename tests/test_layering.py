@@ -25,8 +25,10 @@ ROOMS = (
 # The parts of the owner (issue 30): the bases of ResumptionMonitor, each read
 # alone, none importing another (they meet in the monitor, through ``self``).
 OWNER_PARTS = ("channels", "hops", "findings", "stream_reports", "at_exit")
+# The telemetry sink and its parts, lowest first.
+SINK = ("instruments", "call_telemetry", "telemetry")
 UPPER = {
-    "facts", "redaction", "deadlines", "telemetry", "monitor", "processor", "patches",
+    "facts", "redaction", "deadlines", *SINK, "monitor", "processor", "patches",
     *OWNER_PARTS,
 }
 # What the patches never reach into: the rules' modules and ledgers (they
@@ -65,11 +67,13 @@ ABOVE = {
     # The Redis store: the settings and the record, never the telemetry (the
     # owner hands it a callback to count its fallbacks).
     "redis_state": {"tracker", *ROOMS, *UPPER},
-    "facts": {"redaction", "deadlines", "telemetry", "monitor", "processor", "patches",
-              *OWNER_PARTS},
-    "redaction": {"deadlines", "telemetry", "monitor", "processor", "patches", *OWNER_PARTS},
-    "deadlines": {"telemetry", "monitor", "processor", "patches", *OWNER_PARTS},
-    "telemetry": {"monitor", "processor", "patches", *OWNER_PARTS},
+    "facts": {"redaction", "deadlines", *SINK, "monitor", "processor", "patches", *OWNER_PARTS},
+    "redaction": {"deadlines", *SINK, "monitor", "processor", "patches", *OWNER_PARTS},
+    "deadlines": {*SINK, "monitor", "processor", "patches", *OWNER_PARTS},
+    **{
+        part: {*SINK[SINK.index(part) + 1 :], "monitor", "processor", "patches", *OWNER_PARTS}
+        for part in SINK
+    },
     **{
         part: {"monitor", "processor", "patches", *(set(OWNER_PARTS) - {part})}
         for part in OWNER_PARTS

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .deferral import collecting
 from .facts import legacy_session_from_endpoint
-from .telemetry import EVENTS_BATCH, EVENTS_BATCH_SECONDS
+from .instruments import EVENTS_BATCH, EVENTS_BATCH_SECONDS
 from .tracker import NOTHING, Step
 
 if TYPE_CHECKING:  # annotations only
