@@ -67,6 +67,7 @@ ABOVE = {
     # The Redis store: the settings and the record, never the telemetry (the
     # owner hands it a callback to count its fallbacks).
     "redis_state": {"tracker", *ROOMS, *UPPER},
+    "redis_ledger": {"redis_state", "tracker", *ROOMS, *UPPER},
     "facts": {"redaction", "deadlines", *SINK, "monitor", "processor", "patches", *OWNER_PARTS},
     "redaction": {"deadlines", *SINK, "monitor", "processor", "patches", *OWNER_PARTS},
     "deadlines": {*SINK, "monitor", "processor", "patches", *OWNER_PARTS},

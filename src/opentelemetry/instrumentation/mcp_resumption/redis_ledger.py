@@ -1,0 +1,176 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The in-flight ledger in Redis: the requests each process awaits answers
+to, so that the requests of a process that dies before their fates are
+counted lost once, by another.
+
+``InFlightLedger`` is a base of ``redis_state.RedisStore``, read alone: the
+callers' side (``in_flight``, ``settled``, ``sweep``: a few dict operations
+or a queued item, never I/O) and the writer thread's (``_write_held``,
+``_ledger_ops``, ``_renew_lease``, ``_sweep``), on the store's client, queue
+and lock.  An entry is written only if its request is still unanswered
+``IN_FLIGHT_DELAY`` after it was sent; a process's entries are covered by a
+lease it renews; a sweep claims each entry of a lapsed lease with ``SET NX``
+(once for the whole fleet) and counts it lost.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .shared_state import SharedRecord, keyed_hash
+
+__all__ = ["KEY_PREFIX", "MAX_RAW_REQUEST_KEY", "MAX_SWEPT", "InFlightLedger"]
+
+KEY_PREFIX = "mcpres:v1"
+MAX_SWEPT = 1000  # entries one sweep reads
+MAX_RAW_REQUEST_KEY = 40  # longer request ids are hashed in ledger fields
+
+
+class InFlightLedger:
+    """The in-flight ledger's part of the Redis store (a base of ``RedisStore``)."""
+
+    writer: str
+    lost_claimed: int
+    _client: Any
+    _key: bytes
+    _ttl: int
+    _lease: float
+    _delay: float
+    _leased_at: float
+    _closed: bool
+    _mine: dict[str, set[str]]
+    _held: dict[tuple[str, str], tuple[float, tuple[str, str, float]]]
+    _sweeps: dict[str, float]
+    _wake: threading.Condition
+    _on_lost: Callable[[str, str, str], None]
+
+    # The store's own, reached through ``self``.
+    def _enqueue(self, item: SharedRecord | tuple) -> None:
+        raise NotImplementedError
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _field(self, writer: str, session_hash: str | None, key: str) -> str:
+        # A JSON-RPC id as the ledger keys it ("1", '"abc"'): not a secret,
+        # hashed only when long (an HMAC per request is most of this cost).
+        if len(key) > MAX_RAW_REQUEST_KEY or "|" in key:
+            key = "h:" + keyed_hash(self._key, key)
+        return f"{writer}|{session_hash or '-'}|{key}"
+
+    def _ledger(self, server: str) -> str:
+        return f"{KEY_PREFIX}:f:{keyed_hash(self._key, server)}"
+
+    def in_flight(
+        self, server: str, session_hash: str | None, requests: list[tuple[str, str]],
+        transport: str,
+    ) -> None:
+        """Requests sent on a stream now open: held ``IN_FLIGHT_DELAY``, then
+        entered in the server's in-flight ledger (by the writer thread) if
+        still unanswered, so that if this process dies before their fates,
+        another process counts them lost.  A few dict operations here: the
+        writer is woken only for the first entry held."""
+        due = time.monotonic() + self._delay
+        now = time.time()
+        with self._wake:
+            first = not self._held
+            for key, method in requests:
+                field = self._field(self.writer, session_hash, key)
+                self._held[(server, field)] = (due, (method, transport, now))
+            if first and not self._closed:
+                self._start()
+                self._wake.notify()
+
+    def settled(
+        self, server: str, session_hash: str | None, keys: list[str], writer: str | None = None
+    ) -> None:
+        """Their fates are known here (or, with another ``writer``'s record
+        restored, this process takes them over): out of the ledger.  One
+        still held never reaches Redis."""
+        written = []
+        with self._wake:
+            for key in keys:
+                field = self._field(writer or self.writer, session_hash, key)
+                if self._held.pop((server, field), None) is None:
+                    written.append(field)
+        if written:
+            self._enqueue(("del", server, written))
+
+    def sweep(self, server: str) -> None:
+        """Look for entries of dead processes on ``server`` (queued: the
+        writer thread reads them)."""
+        self._enqueue(("sweep", server))
+
+    def _ledger_ops(self, pipe: Any, op: tuple) -> None:
+        """Entries written (by this process, or by another whose requests
+        this one took over with a restored record) out of the ledger."""
+        server, written = op[1], op[2]
+        pipe.hdel(self._ledger(server), *written)
+        mine = self._mine.get(server)
+        if mine:
+            mine.difference_update(written)
+            if not mine:
+                del self._mine[server]
+
+    def _write_held(self, pipe: Any, everything: bool = False) -> None:
+        """The held entries whose delay is over (``everything``: all)."""
+        now = time.monotonic()
+        due: dict[str, dict[str, str]] = {}
+        with self._wake:
+            for (server, field), (when, entry) in list(self._held.items()):
+                if everything or when <= now:
+                    del self._held[(server, field)]
+                    method, transport, at = entry
+                    due.setdefault(server, {})[field] = json.dumps(
+                        {"m": method, "t": transport, "at": at}
+                    )
+        for server, entries in due.items():
+            ledger = self._ledger(server)
+            pipe.hset(ledger, mapping=entries)
+            pipe.expire(ledger, self._ttl)
+            self._mine.setdefault(server, set()).update(entries)
+
+    def _renew_lease(self, pipe: Any) -> None:
+        if self._mine:
+            pipe.set(f"{KEY_PREFIX}:w:{self.writer}", 1, px=max(1, int(self._lease * 1000)))
+            self._leased_at = time.monotonic()
+
+    def _sweep(self, server: str) -> None:
+        """Claim, once for the whole fleet (SET NX), each entry whose
+        process's lease lapsed, and count it lost; come back for entries of
+        processes still alive (their lease may yet lapse)."""
+        client = self._client
+        ledger = self._ledger(server)
+        _, found = client.hscan(ledger, 0, count=MAX_SWEPT)
+        entries = {
+            (field.decode() if isinstance(field, bytes) else field): value
+            for field, value in list(found.items())[:MAX_SWEPT]
+        }
+        writers = sorted({field.split("|", 1)[0] for field in entries} - {self.writer})
+        if not writers:
+            return
+        pipe = client.pipeline(transaction=False)
+        for writer in writers:
+            pipe.exists(f"{KEY_PREFIX}:w:{writer}")
+        alive = {writer for writer, live in zip(writers, pipe.execute()) if live}
+        if alive:
+            self._sweeps[server] = time.monotonic() + self._lease / 2
+        for field, value in entries.items():
+            writer = field.split("|", 1)[0]
+            if writer == self.writer or writer in alive:
+                continue
+            claim = f"{KEY_PREFIX}:k:{keyed_hash(self._key, server)}:{field}"
+            if client.set(claim, self.writer, nx=True, ex=self._ttl):
+                client.hdel(ledger, field)
+                try:
+                    entry = json.loads(value)
+                    method, transport = str(entry["m"]), str(entry["t"])
+                except (ValueError, TypeError, KeyError):
+                    continue
+                self.lost_claimed += 1
+                self._on_lost(server, transport, method)
