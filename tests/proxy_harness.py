@@ -1,0 +1,140 @@
+"""The proxy (``mcp-resumption-proxy``) in a child process, as a user runs
+it, and what the proxy tests read back: its first line (the client URL), its
+telemetry (the console exporters' output at exit), its stderr.
+
+A child rather than the test's own process: the proxy instruments httpx and
+httpx2 process-wide, and the tests' own clients (SDK clients, raw httpx)
+must stay outside what it judges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from helpers import clean_env, console_metrics, stop_process
+
+SCOPE = "opentelemetry.instrumentation.mcp_resumption"
+LEG = "mcp.resumption.leg"
+START_TIMEOUT = 10.0
+
+
+def _source_paths() -> str:
+    """Where the child finds the proxy and the plugin this test imports (an
+    editable install finds the same ones; a checkout run on PYTHONPATH needs them)."""
+    import mcp_resumption_proxy
+    import opentelemetry.instrumentation.mcp_resumption as plugin
+
+    paths = [
+        str(Path(mcp_resumption_proxy.__file__).resolve().parents[1]),
+        str(Path(plugin.__file__).resolve().parents[3]),
+    ]
+    return os.pathsep.join(dict.fromkeys(paths))
+
+
+class Proxy:
+    """``python -m mcp_resumption_proxy --upstream URL ...`` until :meth:`close`."""
+
+    def __init__(self, upstream: str, *args: str, otel_instrument: bool = False,
+                 **env: str) -> None:
+        command = [sys.executable, "-m", "mcp_resumption_proxy", "--upstream", upstream, *args]
+        if otel_instrument:
+            command = [str(Path(sys.executable).parent / "opentelemetry-instrument"), *command]
+        settings = {
+            "PYTHONPATH": _source_paths(),
+            "OTEL_METRICS_EXPORTER": "console",
+            "OTEL_TRACES_EXPORTER": "none",
+            "OTEL_LOGS_EXPORTER": "console",
+            # One export, at exit: the tests read the totals then.
+            "OTEL_METRIC_EXPORT_INTERVAL": "600000",
+            **env,
+        }
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            command, env=clean_env(**settings), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )
+        self._stderr: list[str] = []
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_reader.start()
+        self.url = self.process.stdout.readline().strip()
+        self.started_in = time.monotonic() - started
+        assert self.url.startswith("http://"), (self.url, self.stderr)
+        self.origin = "/".join(self.url.split("/", 3)[:3])
+        self.stdout = ""
+
+    def _read_stderr(self) -> None:
+        for line in self.process.stderr:
+            self._stderr.append(line)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self._stderr)
+
+    def close(self) -> str:
+        """Stop the proxy (SIGTERM: its providers flush) and return its stdout."""
+        if self.process.poll() is None:
+            stop_process(self.process)
+        self.stdout = self.process.stdout.read()
+        self._stderr_reader.join(timeout=5)
+        return self.stdout
+
+    def __enter__(self) -> Proxy:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ telemetry
+
+    def points(self, metric: str) -> list[dict]:
+        """The data points of ``metric`` in the proxy's last export (cumulative)."""
+        exports = console_metrics(self.stdout)
+        found: list[dict] = []
+        for resource in exports[-1]["resource_metrics"] if exports else ():
+            for scope in resource["scope_metrics"]:
+                if scope["scope"]["name"] != SCOPE:
+                    continue
+                for item in scope["metrics"]:
+                    if item["name"] == metric:
+                        found.extend(item["data"]["data_points"])
+        return found
+
+    def counts(self, metric: str, *attributes: str) -> dict[tuple, int]:
+        """Non-zero totals of ``metric`` by the values of ``attributes``."""
+        totals: dict[tuple, int] = {}
+        for point in self.points(metric):
+            key = tuple(point["attributes"].get(name) for name in attributes)
+            value = point.get("value", point.get("count", 0))
+            totals[key] = totals.get(key, 0) + int(value)
+        return {key: value for key, value in totals.items() if value}
+
+    def logs(self) -> list[dict]:
+        """The log records the console log exporter wrote (gap events)."""
+        decoder, found, position = json.JSONDecoder(), [], 0
+        text = self.stdout
+        while (start := text.find("{", position)) != -1:
+            try:
+                document, position = decoder.raw_decode(text, start)
+            except json.JSONDecodeError:
+                position = start + 1
+                continue
+            if isinstance(document, dict) and "body" in document and "attributes" in document:
+                found.append(document)
+        return found
+
+
+@contextlib.contextmanager
+def proxy(upstream: str, *args: str, **kwargs) -> Iterator[Proxy]:
+    running = Proxy(upstream, *args, **kwargs)
+    try:
+        yield running
+    finally:
+        running.close()
