@@ -68,11 +68,20 @@ class Proxy:
         self.started_in = time.monotonic() - started
         assert self.url.startswith("http://"), (self.url, self.stderr)
         self.origin = "/".join(self.url.split("/", 3)[:3])
+        # Read as it comes: the console exporters write more at exit than a
+        # pipe holds, and would block the proxy's exit on a full one.
+        self._stdout: list[str] = []
+        self._stdout_reader = threading.Thread(target=self._read_stdout, daemon=True)
+        self._stdout_reader.start()
         self.stdout = ""
 
     def _read_stderr(self) -> None:
         for line in self.process.stderr:
             self._stderr.append(line)
+
+    def _read_stdout(self) -> None:
+        for line in self.process.stdout:
+            self._stdout.append(line)
 
     @property
     def stderr(self) -> str:
@@ -82,8 +91,9 @@ class Proxy:
         """Stop the proxy (SIGTERM: its providers flush) and return its stdout."""
         if self.process.poll() is None:
             stop_process(self.process)
-        self.stdout = self.process.stdout.read()
-        self._stderr_reader.join(timeout=5)
+        self._stdout_reader.join(timeout=10)
+        self._stderr_reader.join(timeout=10)
+        self.stdout = "".join(self._stdout)
         return self.stdout
 
     def __enter__(self) -> Proxy:

@@ -155,6 +155,14 @@ class _Server:
                 await super().startup(sockets=sockets)
                 print(url, flush=True)
 
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                # uvicorn raises a caught SIGTERM again once it has shut down,
+                # which ends the process before atexit: the telemetry
+                # providers' last export and the client half's summary are
+                # made there.  A graceful stop is a normal exit.
+                super().handle_exit(sig, frame)
+                self._captured_signals.clear()
+
         return Server(config)
 
 

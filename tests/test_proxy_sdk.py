@@ -1,0 +1,252 @@
+"""mcp-resumption-proxy between real SDK clients and servers, a loopback
+router (tests/wire.py's WireRouter) on each leg:
+
+    client -> client router -> proxy (a child) -> upstream router -> SDK server
+
+The routers' records are the wire truth of each leg.  Transparency: every
+exchange the client's leg carried, the server's leg carried too, with the
+same request, status, session and events (ids, types, data).  Legs: a router
+cuts one leg, and the proxy's telemetry (read from its console exporters at
+exit) places each finding on that leg with ``mcp.resumption.leg``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mcp_resumption_demo.loopback import LoopbackServer
+from mcp_resumption_demo.router import Backend, Exchange
+from proxy_harness import LEG, Proxy
+from wire import (
+    CLIENTS,
+    MCP_MAJOR,
+    RESUMABLE_CLIENTS,
+    AppClient,
+    Fleet,
+    IntegerEventStore,
+    WireRouter,
+    sdk_app,
+)
+
+BROKEN = "mcp.client.resumption.broken_requests"
+ATTEMPTS = "mcp.client.resumption.attempts"
+SERVER_REQUESTS = "mcp.server.resumption.requests"
+FATE = "mcp.resumption.request.fate"
+OUTCOME = "mcp.resumption.outcome"
+TS_DIR = Path(__file__).parents[1] / "demo" / "src" / "mcp_resumption_demo" / "ts_server"
+
+
+@dataclass
+class Stack:
+    client_router: WireRouter
+    upstream_router: WireRouter
+    proxy: Proxy
+    url: str  # what the client uses: the client router, in front of the proxy
+
+
+@contextlib.asynccontextmanager
+async def stack(app, *, cut_upstream: bool = False, cut_client: bool = False,
+                path: str = "/mcp", proxy_args: tuple[str, ...] = ()):
+    backend = await LoopbackServer(app, name="sdk").astart()
+    upstream = await WireRouter(Fleet(Backend("sdk", backend.port), cut=cut_upstream)).start()
+    running = await asyncio.to_thread(Proxy, upstream.url + path, *proxy_args)
+    port = int(running.origin.rsplit(":", 1)[1])
+    client_router = await WireRouter(Fleet(Backend("proxy", port), cut=cut_client)).start()
+    try:
+        yield Stack(client_router, upstream, running, client_router.url + path)
+    finally:
+        await client_router.close()
+        await asyncio.to_thread(running.close)
+        await upstream.close()
+        await asyncio.to_thread(backend.close)
+
+
+def row(exchange: Exchange) -> tuple:
+    request = exchange.request
+    return (
+        request.method, request.target, request.body,
+        request.header("last-event-id"), request.header("mcp-session-id"),
+        exchange.status, exchange.session_id_received,
+        tuple((event.id, event.event, event.data, event.retry) for event in exchange.events),
+    )
+
+
+async def settled(one: WireRouter, other: WireRouter) -> None:
+    """Both legs carried the same number of exchanges, each finished."""
+    def done(exchanges) -> bool:
+        return all(exchange.finished.is_set() for exchange in exchanges)
+
+    await one.wait_for(done)
+    await other.wait_for(lambda exchanges: len(exchanges) == len(one.exchanges) and done(exchanges))
+
+
+def same_wire(running: Stack) -> None:
+    client_leg = sorted(map(row, running.client_router.exchanges), key=repr)
+    server_leg = sorted(map(row, running.upstream_router.exchanges), key=repr)
+    assert client_leg == server_leg
+    assert any(r[-1] for r in client_leg), "some exchange carried SSE events"
+
+
+# ================================================================ transparency
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_an_sdk_client_sees_through_the_proxy_what_the_server_sent(kind) -> None:
+    async def scenario() -> Stack:
+        async with stack(sdk_app(IntegerEventStore())) as running:
+            async with AppClient(kind, running.url) as client:
+                assert await client.call("x") == "done x"
+            await settled(running.client_router, running.upstream_router)
+        return running
+
+    running = asyncio.run(scenario())
+    same_wire(running)
+    assert "Traceback" not in running.proxy.stderr, running.proxy.stderr
+
+
+def test_the_legacy_sse_transport_passes_through() -> None:
+    """2024-11-05: GET /sse, its endpoint event, POST /messages answered on the stream."""
+    from mcp import ClientSession
+    from mcp.client.sse import sse_client
+
+    if MCP_MAJOR == 1:
+        from mcp.server.fastmcp import FastMCP as Server
+    else:
+        from mcp.server.mcpserver import MCPServer as Server
+    server = Server("legacy")
+
+    @server.tool()
+    async def work(text: str) -> str:
+        return "done " + text
+
+    async def scenario() -> Stack:
+        async with stack(server.sse_app(), path="/sse") as running:
+            async with sse_client(running.url) as (read, write), ClientSession(
+                read, write
+            ) as session:
+                await session.initialize()
+                result = await session.call_tool("work", {"text": "x"})
+                assert result.content[0].text == "done x"
+            await settled(running.client_router, running.upstream_router)
+        return running
+
+    running = asyncio.run(scenario())
+    same_wire(running)
+    posts = [e for e in running.upstream_router.exchanges if e.request.method == "POST"]
+    assert posts and all(e.request.path.startswith("/messages") for e in posts)
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    found = shutil.which("node")
+    if not found:
+        pytest.fail("node is needed for the TypeScript SDK client")
+    if not (TS_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        subprocess.run([shutil.which("npm"), "ci", "--no-audit", "--no-fund"], cwd=TS_DIR,
+                       check=True)
+    return found
+
+
+def ts_client(node: str, url: str, tool: str = "work", timeout_ms: int = 8000) -> dict:
+    done = subprocess.run([node, str(TS_DIR / "client.mjs"), url, tool, str(timeout_ms)],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_typescript_client_sees_through_the_proxy_what_the_server_sent(node) -> None:
+    async def scenario() -> tuple[Stack, dict]:
+        async with stack(sdk_app(IntegerEventStore())) as running:
+            report = await asyncio.to_thread(ts_client, node, running.url)
+            await settled(running.client_router, running.upstream_router)
+        return running, report
+
+    running, report = asyncio.run(scenario())
+    # client.mjs calls without arguments: the server's answer is its
+    # validation error, carried as a tool result.
+    assert "result" in report, report
+    client_leg = sorted(map(row, running.client_router.exchanges), key=repr)
+    assert client_leg == sorted(map(row, running.upstream_router.exchanges), key=repr)
+
+
+# ================================================================ the legs
+
+
+def legs_of(proxy: Proxy, metric: str, attribute: str) -> dict[tuple, int]:
+    return proxy.counts(metric, LEG, attribute)
+
+
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
+def test_a_cut_between_proxy_and_server_is_placed_on_that_leg(kind) -> None:
+    """The upstream router cuts the tools/call stream after its progress: the
+    proxy's client half sees the break, and says proxy_server."""
+    async def scenario() -> Stack:
+        async with stack(sdk_app(IntegerEventStore()), cut_upstream=True) as running:
+            async with AppClient(kind, running.url) as client:
+                assert await client.call("x") == "done x"
+            await settled(running.client_router, running.upstream_router)
+        return running
+
+    running = asyncio.run(scenario())
+    assert running.upstream_router.exchanges and any(
+        e.severed for e in running.upstream_router.exchanges)
+    assert not any(e.severed for e in running.client_router.exchanges)
+    broken = legs_of(running.proxy, BROKEN, FATE)
+    assert broken == {("proxy_server", "answered"): 1}, (broken, running.proxy.stdout[-3000:])
+    attempts = legs_of(running.proxy, ATTEMPTS, OUTCOME)
+    assert attempts and all(leg == "proxy_server" for leg, _ in attempts), attempts
+    # The client resumed from the proxy with a cursor the proxy forwarded.
+    downstream = legs_of(running.proxy, SERVER_REQUESTS, OUTCOME)
+    assert downstream == {("client_proxy", "replayed"): 1}, downstream
+
+
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
+def test_a_cut_between_client_and_proxy_is_placed_on_that_leg(kind) -> None:
+    """The client router cuts the tools/call stream: the client resumes at the
+    proxy, whose downstream view says client_proxy; the upstream leg broke
+    nothing."""
+    async def scenario() -> Stack:
+        async with stack(sdk_app(IntegerEventStore()), cut_client=True) as running:
+            async with AppClient(kind, running.url) as client:
+                assert await client.call("x") == "done x"
+            await settled(running.client_router, running.upstream_router)
+        return running
+
+    running = asyncio.run(scenario())
+    assert any(e.severed for e in running.client_router.exchanges)
+    assert not any(e.severed for e in running.upstream_router.exchanges)
+    downstream = legs_of(running.proxy, SERVER_REQUESTS, OUTCOME)
+    assert downstream == {("client_proxy", "replayed"): 1}, downstream
+    # The proxy closed its upstream stream when its client left, and resumed
+    # it for the client: no request broke on the server's leg.
+    assert legs_of(running.proxy, BROKEN, FATE) == {}
+    assert legs_of(running.proxy, ATTEMPTS, OUTCOME) == {("proxy_server", "resumed"): 1}
+
+
+def test_an_unknown_cursor_is_a_gap_on_the_client_leg() -> None:
+    """A Last-Event-ID the proxy never forwarded (a client that resumes at a
+    restarted proxy): the downstream view cannot vouch for what follows it."""
+    import httpx
+
+    async def scenario() -> Stack:
+        async with stack(sdk_app(IntegerEventStore())) as running, httpx.AsyncClient() as client:
+            await client.get(running.url, headers={
+                "accept": "text/event-stream", "last-event-id": "999",
+                "mcp-session-id": "not-a-session"})
+        return running
+
+    running = asyncio.run(scenario())
+    downstream = legs_of(running.proxy, SERVER_REQUESTS, OUTCOME)
+    assert downstream == {("client_proxy", "unknown_cursor"): 1}, downstream
+    [gap] = [r for r in running.proxy.logs() if r["attributes"].get(LEG) == "client_proxy"]
+    assert gap["attributes"]["mcp.resumption.gap.kind"] == "unknown_cursor"
+    assert "not-a-session" not in running.proxy.stdout
+
