@@ -55,10 +55,13 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def stack(app, *, cut_upstream: bool = False, cut_client: bool = False,
-                path: str = "/mcp", proxy_args: tuple[str, ...] = ()):
+                path: str = "/mcp", proxy_args: tuple[str, ...] = (), at_resume=None,
+                **proxy_kwargs):
     backend = await LoopbackServer(app, name="sdk").astart()
-    upstream = await WireRouter(Fleet(Backend("sdk", backend.port), cut=cut_upstream)).start()
-    running = await asyncio.to_thread(Proxy, upstream.url + path, *proxy_args)
+    upstream = await WireRouter(
+        Fleet(Backend("sdk", backend.port), cut=cut_upstream, at_resume=at_resume)
+    ).start()
+    running = await asyncio.to_thread(Proxy, upstream.url + path, *proxy_args, **proxy_kwargs)
     port = int(running.origin.rsplit(":", 1)[1])
     client_router = await WireRouter(Fleet(Backend("proxy", port), cut=cut_client)).start()
     try:
@@ -185,11 +188,15 @@ def legs_of(proxy: Proxy, metric: str, attribute: str) -> dict[tuple, int]:
 
 
 @pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
-def test_a_cut_between_proxy_and_server_is_placed_on_that_leg(kind) -> None:
+@pytest.mark.parametrize("launch", ["alone", "opentelemetry-instrument"])
+def test_a_cut_between_proxy_and_server_is_placed_on_that_leg(kind, launch) -> None:
     """The upstream router cuts the tools/call stream after its progress: the
-    proxy's client half sees the break, and says proxy_server."""
+    proxy's client half sees the break, and says proxy_server; alone or under
+    opentelemetry-instrument (which instruments the client half first, on
+    providers that do not say which leg)."""
     async def scenario() -> Stack:
-        async with stack(sdk_app(IntegerEventStore()), cut_upstream=True) as running:
+        async with stack(sdk_app(IntegerEventStore()), cut_upstream=True,
+                         otel_instrument=launch != "alone") as running:
             async with AppClient(kind, running.url) as client:
                 assert await client.call("x") == "done x"
             await settled(running.client_router, running.upstream_router)
