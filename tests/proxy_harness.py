@@ -9,17 +9,23 @@ must stay outside what it judges.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import clean_env, console_metrics, stop_process
+from mcp_resumption_demo.loopback import LoopbackServer
+from mcp_resumption_demo.router import Backend
+from wire import CutRoute, Fleet, WireRouter
 
 SCOPE = "opentelemetry.instrumentation.mcp_resumption"
 LEG = "mcp.resumption.leg"
@@ -148,3 +154,79 @@ def proxy(upstream: str, *args: str, **kwargs) -> Iterator[Proxy]:
         yield running
     finally:
         running.close()
+
+
+# ================================================================ SDK stacks
+
+TS_DIR = Path(__file__).parents[1] / "demo" / "src" / "mcp_resumption_demo" / "ts_server"
+
+
+@dataclass
+class Stack:
+    client_router: WireRouter
+    upstream_router: WireRouter
+    proxy: Proxy
+    url: str  # what the client uses: the client router, in front of the proxy
+
+
+class CuttingFleet(Fleet):
+    """wire.Fleet, cutting the first tools/call after the first event
+    ``cut_after`` accepts (a client without a progress callback, such as the
+    TypeScript client of client.mjs, gets no progress event to cut after)."""
+
+    def __init__(self, backend: Backend, *, cut_after=None, **kwargs) -> None:
+        super().__init__(backend, **kwargs)
+        self.cut_after = cut_after
+
+    async def __call__(self, request):
+        if self.cut_after is not None and self.cut and (
+            request.jsonrpc_method == "tools/call"
+        ):
+            self.cut = False
+            return CutRoute(self.backend, cut_after=self.cut_after)
+        return await super().__call__(request)
+
+
+def is_priming(event) -> bool:
+    """The event a resumable server opens a stream with: an id, no data."""
+    return event.id is not None and not event.data
+
+
+@contextlib.asynccontextmanager
+async def stack(app, *, cut_upstream: bool = False, cut_client: bool = False,
+                path: str = "/mcp", proxy_args: tuple[str, ...] = (), at_resume=None,
+                cut_after=None, **proxy_kwargs):
+    backend = await LoopbackServer(app, name="sdk").astart()
+    upstream = await WireRouter(
+        CuttingFleet(Backend("sdk", backend.port), cut=cut_upstream, at_resume=at_resume,
+                     cut_after=cut_after)
+    ).start()
+    running = await asyncio.to_thread(Proxy, upstream.url + path, *proxy_args, **proxy_kwargs)
+    port = int(running.origin.rsplit(":", 1)[1])
+    client_router = await WireRouter(Fleet(Backend("proxy", port), cut=cut_client)).start()
+    try:
+        yield Stack(client_router, upstream, running, client_router.url + path)
+    finally:
+        await client_router.close()
+        await asyncio.to_thread(running.close)
+        await upstream.close()
+        await asyncio.to_thread(backend.close)
+
+
+def ts_client(node: str, url: str, tool: str = "work", timeout_ms: int = 8000) -> dict:
+    done = subprocess.run([node, str(TS_DIR / "client.mjs"), url, tool, str(timeout_ms)],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+
+
+def find_node() -> str:
+    """node, with the TypeScript SDK installed where the demo keeps it
+    (scripts/test runs ``npm ci``; a run of these files alone does it here)."""
+    found = shutil.which("node")
+    assert found, "node is needed for the TypeScript SDK client"
+    if not (TS_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        subprocess.run([shutil.which("npm") or "npm", "ci", "--no-audit", "--no-fund"],
+                       cwd=TS_DIR, check=True)
+    return found

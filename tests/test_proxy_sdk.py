@@ -13,25 +13,16 @@ exit) places each finding on that leg with ``mcp.resumption.leg``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
-import shutil
-import subprocess
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from mcp_resumption_demo.loopback import LoopbackServer
-from mcp_resumption_demo.router import Backend, Exchange
-from proxy_harness import LEG, Proxy
+from mcp_resumption_demo.router import Exchange
+from proxy_harness import LEG, Proxy, Stack, find_node, stack, ts_client
 from wire import (
     CLIENTS,
     MCP_MAJOR,
     RESUMABLE_CLIENTS,
     AppClient,
-    Fleet,
     IntegerEventStore,
     WireRouter,
     sdk_app,
@@ -42,35 +33,6 @@ ATTEMPTS = "mcp.client.resumption.attempts"
 SERVER_REQUESTS = "mcp.server.resumption.requests"
 FATE = "mcp.resumption.request.fate"
 OUTCOME = "mcp.resumption.outcome"
-TS_DIR = Path(__file__).parents[1] / "demo" / "src" / "mcp_resumption_demo" / "ts_server"
-
-
-@dataclass
-class Stack:
-    client_router: WireRouter
-    upstream_router: WireRouter
-    proxy: Proxy
-    url: str  # what the client uses: the client router, in front of the proxy
-
-
-@contextlib.asynccontextmanager
-async def stack(app, *, cut_upstream: bool = False, cut_client: bool = False,
-                path: str = "/mcp", proxy_args: tuple[str, ...] = (), at_resume=None,
-                **proxy_kwargs):
-    backend = await LoopbackServer(app, name="sdk").astart()
-    upstream = await WireRouter(
-        Fleet(Backend("sdk", backend.port), cut=cut_upstream, at_resume=at_resume)
-    ).start()
-    running = await asyncio.to_thread(Proxy, upstream.url + path, *proxy_args, **proxy_kwargs)
-    port = int(running.origin.rsplit(":", 1)[1])
-    client_router = await WireRouter(Fleet(Backend("proxy", port), cut=cut_client)).start()
-    try:
-        yield Stack(client_router, upstream, running, client_router.url + path)
-    finally:
-        await client_router.close()
-        await asyncio.to_thread(running.close)
-        await upstream.close()
-        await asyncio.to_thread(backend.close)
 
 
 def row(exchange: Exchange) -> tuple:
@@ -150,19 +112,7 @@ def test_the_legacy_sse_transport_passes_through() -> None:
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    found = shutil.which("node")
-    if not found:
-        pytest.fail("node is needed for the TypeScript SDK client")
-    if not (TS_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
-        subprocess.run([shutil.which("npm"), "ci", "--no-audit", "--no-fund"], cwd=TS_DIR,
-                       check=True)
-    return found
-
-
-def ts_client(node: str, url: str, tool: str = "work", timeout_ms: int = 8000) -> dict:
-    done = subprocess.run([node, str(TS_DIR / "client.mjs"), url, tool, str(timeout_ms)],
-                          capture_output=True, text=True, timeout=60, env=dict(os.environ))
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return find_node()
 
 
 def test_the_typescript_client_sees_through_the_proxy_what_the_server_sent(node) -> None:

@@ -30,6 +30,9 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
+from opentelemetry.instrumentation.mcp_resumption import ResumptionGapError
+
+from . import enforce
 from .downstream import DownstreamView
 
 _logger = logging.getLogger(__name__)
@@ -199,7 +202,10 @@ class ProxyApp:
 
     ``downstream``: the client leg's view of resumes (None: not reported).
     ``client``: the upstream leg (made here unless given; closed at shutdown
-    if made here).
+    if made here).  ``enforce``: fail closed (``enforce.py``); then
+    ``stream_error`` tells the error the client half decided for an upstream
+    response after its read (the confirmation window's verdict, made on the
+    timer's thread), polled every ``poll`` seconds.
     """
 
     def __init__(
@@ -208,11 +214,18 @@ class ProxyApp:
         *,
         downstream: DownstreamView | None = None,
         client: httpx.AsyncClient | None = None,
+        enforce: bool = False,
+        stream_error: Callable[[httpx.Response], BaseException | None] | None = None,
+        poll: float = 0.05,
     ) -> None:
         url = httpx.URL(upstream)
         self.upstream = url
         self.upstream_origin = f"{url.scheme}://{url.netloc.decode('ascii')}"
         self.downstream = downstream
+        self.enforce = enforce
+        self.ledger = _ledger() if enforce else None
+        self.stream_error = stream_error
+        self.poll = poll
         self._own_client = client is None
         self.client = client or httpx.AsyncClient(
             timeout=TIMEOUT,
@@ -254,9 +267,24 @@ class ProxyApp:
         method = scope["method"]
         session_id = _text(_header(headers, b"mcp-session-id"))
         cursor = _text(_header(headers, b"last-event-id"))
-        if cursor is not None and method == "GET" and self.downstream is not None:
+        resume = cursor is not None and method == "GET"
+        if resume and self.downstream is not None:
             server = scope.get("server") or ("", None)
             self.downstream.resumed(cursor, session_id, str(server[0]), server[1])
+        ledger = self.ledger
+        pending = None
+        if ledger is not None:
+            if session_id is not None and ledger.is_changed(session_id):
+                # The specification's answer to an unknown session: the
+                # client starts a new one.
+                await _answer(send, 404, jsonrpc_error(
+                    request_id_of(body), enforce.GAP_ERROR,
+                    "mcp-resumption-proxy: the server replaced this session; re-initialize"))
+                return
+            if resume:
+                pending = ledger.resumed(cursor)
+            elif method == "POST":
+                pending = enforce.Pending(enforce.request_ids(body))
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
@@ -268,13 +296,33 @@ class ProxyApp:
         )
         try:
             response = await self.client.send(request, stream=True, follow_redirects=True)
-        except httpx.HTTPError as error:
+        except (httpx.HTTPError, ResumptionGapError) as error:
             # The type only: an httpx message may quote a header value.
             message = f"mcp-resumption-proxy: upstream unreachable ({type(error).__name__})"
+            if isinstance(error, ResumptionGapError):
+                message = f"mcp-resumption-proxy: {error}"
+            elif resume:
+                message = (f"mcp-resumption-proxy: the server did not answer the resume "
+                           f"({type(error).__name__}): the answers of the broken stream are lost")
+            if pending is not None and pending.ids:
+                await _answer_events(send, enforce.error_events(pending, message))
+                return
             await _answer(send, 502, jsonrpc_error(request_id_of(body), UPSTREAM_ERROR, message))
             return
         try:
-            await self._relay(scope, receive, send, method, headers, session_id, response)
+            if ledger is not None:
+                answered_in = _text(_header(list(response.headers.raw), b"mcp-session-id"))
+                if session_id is not None and answered_in not in (None, session_id):
+                    ledger.session_changed(session_id)
+                if resume and pending is not None and pending.ids and (
+                    response.status_code >= 300
+                ):
+                    message = (f"mcp-resumption-proxy: the server refused the resume "
+                               f"(HTTP {response.status_code}): the answers are lost")
+                    await _answer_events(send, enforce.error_events(pending, message))
+                    return
+            await self._relay(scope, receive, send, method, headers, session_id, response,
+                              pending)
         finally:
             await response.aclose()
 
@@ -287,6 +335,7 @@ class ProxyApp:
         request_headers: list[tuple[bytes, bytes]],
         session_id: str | None,
         response: httpx.Response,
+        pending: enforce.Pending | None = None,
     ) -> None:
         raw_headers = list(response.headers.raw)
         content_type = (_header(raw_headers, b"content-type") or b"").split(b";", 1)[0]
@@ -311,9 +360,14 @@ class ProxyApp:
             }
         )
         out = _Body(send, rewrite)
-        tee = response.stream = _Tee(response.stream, out.write)
         session = _text(_header(raw_headers, b"mcp-session-id")) or session_id
-        if sse:
+        enforced = sse and pending is not None
+        # Enforce mode forwards an event only once the client half let it
+        # through: written anew from the parse, not teed.
+        tee = response.stream = _Tee(response.stream, _ignore if enforced else out.write)
+        if enforced:
+            pump = self._enforced_events(response, session, out, pending)
+        elif sse:
             pump = self._events(response, session)
         elif content_type == b"application/json" and _small(raw_headers):
             pump = response.aread()
@@ -321,18 +375,36 @@ class ProxyApp:
             pump = _drain(response)
         pumping = asyncio.ensure_future(pump)
         watching = asyncio.ensure_future(_disconnected(receive))
+        waits = {pumping, watching}
+        if enforced and self.stream_error is not None:
+            judged = asyncio.ensure_future(self._judged(response))
+            waits.add(judged)
         try:
-            await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
-            if not pumping.done():  # the client left: the upstream stream goes too
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if not pumping.done():  # the client left, or the client half refused the stream
                 pumping.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pumping
+                if enforced and not watching.done() and pending is not None:
+                    error = self.stream_error(response) if self.stream_error else None
+                    await self._fail(out, pending, f"mcp-resumption-proxy: {error}")
                 return
             try:
                 pumping.result()
             except _ClientGone:
                 return
+            except ResumptionGapError as error:
+                if pending is not None:
+                    await self._fail(out, pending, f"mcp-resumption-proxy: {error}")
+                return
             except Exception:
+                if enforced and tee.failed and pending is not None and pending.ids and (
+                    not pending.resumable
+                ):
+                    # No event id to resume from: nothing will bring the answers.
+                    await self._fail(out, pending, "mcp-resumption-proxy: the server's stream "
+                                     "broke before answering, and cannot be resumed")
+                    return
                 if tee.failed:
                     # The upstream broke mid-body: leave the client's response
                     # unfinished, so that it breaks as it would have directly.
@@ -345,9 +417,40 @@ class ProxyApp:
             with contextlib.suppress(_ClientGone):
                 await out.finish()
         finally:
-            watching.cancel()
+            for task in waits:
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
+
+    async def _fail(self, out: _Body, pending: enforce.Pending, message: str) -> None:
+        with contextlib.suppress(_ClientGone):
+            if pending.ids:
+                await out.write(enforce.error_events(pending, message))
+            await out.finish()
+
+    async def _judged(self, response: httpx.Response) -> None:
+        """Returns once the client half decided an error for the stream (its
+        confirmation window ends on the timer's thread, not in a read)."""
+        assert self.stream_error is not None
+        while self.stream_error(response) is None:
+            await asyncio.sleep(self.poll)
+
+    async def _enforced_events(
+        self, response: httpx.Response, session: str | None, out: _Body,
+        pending: enforce.Pending,
+    ) -> None:
+        downstream, ledger = self.downstream, self.ledger
+        last = None
+        async for event in EventSource(response).aiter_sse():
+            event_id = event.id
+            await out.write(enforce.serialize(event, last))
+            pending.answered(event.data)
+            if event_id and event_id != last:
+                if downstream is not None:
+                    downstream.forwarded(event_id, session)
+                if ledger is not None:
+                    ledger.forwarded(event_id, pending)
+            last = event_id
 
     async def _events(self, response: httpx.Response, session: str | None) -> None:
         """Drive the SSE parse the client half observes, and remember each id
@@ -359,6 +462,22 @@ class ProxyApp:
             if event_id and event_id != last and downstream is not None:
                 downstream.forwarded(event_id, session)
             last = event_id
+
+
+async def _ignore(chunk: bytes) -> None:
+    pass
+
+
+def _ledger() -> enforce.Ledger:
+    return enforce.Ledger()
+
+
+async def _answer_events(send: Send, events: bytes) -> None:
+    """A 200 SSE answer carrying ``events``, complete."""
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"),
+                            (b"cache-control", b"no-cache")]})
+    await send({"type": "http.response.body", "body": events})
 
 
 async def _rest(tee: _Tee) -> bool:

@@ -100,6 +100,18 @@ def instrument_upstream(mode: str | None, **providers: Any) -> Any:
     return instrumentor
 
 
+def stream_errors(processor: Any) -> Any:
+    """The error the client half decided for an upstream response, if any
+    (set by its confirmation window's timer, raised only at a next read)."""
+    streams = processor.streams
+
+    def error_of(response: Any) -> BaseException | None:
+        context = streams.get(response)
+        return None if context is None else context.error
+
+    return error_of
+
+
 def client_url(upstream: str, host: str, port: int) -> str:
     url = httpx.URL(upstream)
     shown = f"[{host}]" if ":" in host else host
@@ -115,8 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     from .downstream import DownstreamView
 
     setup_telemetry()
-    instrument_upstream(args.mode)
-    app = ProxyApp(args.upstream, downstream=DownstreamView.for_leg())
+    instrumentor = instrument_upstream(args.mode)
+    processor = instrumentor.processor
+    enforcing = processor is not None and processor.settings.enforce
+    app = ProxyApp(
+        args.upstream,
+        downstream=DownstreamView.for_leg(),
+        enforce=enforcing,
+        stream_error=stream_errors(processor) if enforcing else None,
+    )
     host, port = args.listen
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
