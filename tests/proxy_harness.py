@@ -203,7 +203,9 @@ async def stack(app, *, cut_upstream: bool = False, cut_client: bool = False,
     ).start()
     running = await asyncio.to_thread(Proxy, upstream.url + path, *proxy_args, **proxy_kwargs)
     port = int(running.origin.rsplit(":", 1)[1])
-    client_router = await WireRouter(Fleet(Backend("proxy", port), cut=cut_client)).start()
+    client_router = await WireRouter(
+        CuttingFleet(Backend("proxy", port), cut=cut_client, cut_after=cut_after)
+    ).start()
     try:
         yield Stack(client_router, upstream, running, client_router.url + path)
     finally:

@@ -32,7 +32,7 @@ from httpx_sse import EventSource
 
 from opentelemetry.instrumentation.mcp_resumption import ResumptionGapError
 
-from . import enforce
+from . import enforce, resumable
 from .downstream import DownstreamView
 
 _logger = logging.getLogger(__name__)
@@ -202,7 +202,8 @@ class ProxyApp:
 
     ``downstream``: the client leg's view of resumes (None: not reported).
     ``client``: the upstream leg (made here unless given; closed at shutdown
-    if made here).  ``enforce``: fail closed (``enforce.py``); then
+    if made here).  ``resumable``: keep forwarded events (``resumable.py``).
+    ``enforce``: fail closed (``enforce.py``); then
     ``stream_error`` tells the error the client half decided for an upstream
     response after its read (the confirmation window's verdict, made on the
     timer's thread), polled every ``poll`` seconds.
@@ -217,6 +218,7 @@ class ProxyApp:
         enforce: bool = False,
         stream_error: Callable[[httpx.Response], BaseException | None] | None = None,
         poll: float = 0.05,
+        resumable: bool = False,
     ) -> None:
         url = httpx.URL(upstream)
         self.upstream = url
@@ -226,6 +228,7 @@ class ProxyApp:
         self.ledger = _ledger() if enforce else None
         self.stream_error = stream_error
         self.poll = poll
+        self.relays = _relays() if resumable else None
         self._own_client = client is None
         self.client = client or httpx.AsyncClient(
             timeout=TIMEOUT,
@@ -288,10 +291,25 @@ class ProxyApp:
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
+        upstream_headers = end_to_end(headers, b"host", b"content-length")
+        relay = None
+        if resume and self.relays is not None:
+            found = self.relays.find(cursor)
+            if found is not None:
+                relay, after = found
+                if not (relay.ended and relay.failed and relay.upstream_last_id):
+                    await self._follow(receive, send, relay, after, [])
+                    return
+                # The upstream broke too: resume it from its own last id,
+                # into the same relay, and serve the client from its cursor.
+                upstream_headers = [
+                    (k, relay.upstream_last_id.encode("latin-1") if k.lower() == b"last-event-id"
+                     else v) for k, v in upstream_headers
+                ]
         request = httpx.Request(
             method,
             self.upstream_origin + target.decode("latin-1"),
-            headers=end_to_end(headers, b"host", b"content-length"),
+            headers=upstream_headers,
             content=body,
         )
         try:
@@ -321,10 +339,69 @@ class ProxyApp:
                                f"(HTTP {response.status_code}): the answers are lost")
                     await _answer_events(send, enforce.error_events(pending, message))
                     return
+            if relay is not None and response.status_code == 200 and _is_sse(response):
+                resumable.start(relay, response, self._forwarded(session_id))
+                response = None  # the relay's now
+                await self._follow(receive, send, relay, after, [])
+                return
+            if self.relays is not None and _is_sse(response):
+                relay = self.relays.new()
+                session = _text(_header(list(response.headers.raw), b"mcp-session-id"))
+                start_headers = end_to_end(list(response.headers.raw), b"content-length")
+                status = response.status_code
+                resumable.start(relay, response, self._forwarded(session or session_id))
+                response = None
+                await self._follow(receive, send, relay, 0, start_headers, status)
+                return
             await self._relay(scope, receive, send, method, headers, session_id, response,
                               pending)
         finally:
-            await response.aclose()
+            if response is not None:
+                await response.aclose()
+
+    def _forwarded(self, session: str | None) -> Callable[[str], None] | None:
+        downstream = self.downstream
+        if downstream is None:
+            return None
+        return lambda event_id: downstream.forwarded(event_id, session)
+
+    async def _follow(
+        self,
+        receive: Receive,
+        send: Send,
+        relay: resumable.Relay,
+        after: int,
+        headers: list[tuple[bytes, bytes]],
+        status: int = 200,
+    ) -> None:
+        """Serve one client from ``relay``, from its cursor on; its leaving
+        leaves the relay reading."""
+        if not headers:
+            headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        out = _Body(send, None)
+
+        async def forward() -> None:
+            async for frame in relay.follow(after):
+                await out.write(frame)
+
+        forwarding = asyncio.ensure_future(forward())
+        watching = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({forwarding, watching}, return_when=asyncio.FIRST_COMPLETED)
+            if not forwarding.done():
+                forwarding.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await forwarding
+                return
+            if forwarding.exception() is not None or relay.failed:
+                return  # broken as the upstream broke: the client resumes here
+            with contextlib.suppress(_ClientGone):
+                await out.finish()
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
 
     async def _relay(
         self,
@@ -470,6 +547,15 @@ async def _ignore(chunk: bytes) -> None:
 
 def _ledger() -> enforce.Ledger:
     return enforce.Ledger()
+
+
+def _relays() -> resumable.Relays:
+    return resumable.Relays()
+
+
+def _is_sse(response: httpx.Response) -> bool:
+    content_type = _header(list(response.headers.raw), b"content-type") or b""
+    return b"text/event-stream" in content_type.split(b";", 1)[0]
 
 
 async def _answer_events(send: Send, events: bytes) -> None:

@@ -65,6 +65,10 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mode", choices=MODES, default=None,
                         help="observe (default: OTEL_PYTHON_MCP_RESUMPTION_MODE, else observe) "
                         "or enforce")
+    parser.add_argument("--resumable", action="store_true",
+                        help="keep the events forwarded on each stream (bounded) under ids "
+                        "of the proxy's, so that a client whose connection to the proxy "
+                        "breaks resumes from the proxy; in observe mode only")
     return parser.parse_args(argv)
 
 
@@ -130,11 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     instrumentor = instrument_upstream(args.mode)
     processor = instrumentor.processor
     enforcing = processor is not None and processor.settings.enforce
+    if enforcing and args.resumable:
+        # Enforce fails a broken stream's requests; a resumable proxy keeps
+        # them for the client's resume: one or the other.
+        print("mcp-resumption-proxy: --resumable runs in observe mode only", file=sys.stderr)
+        return 2
     app = ProxyApp(
         args.upstream,
         downstream=DownstreamView.for_leg(),
         enforce=enforcing,
         stream_error=stream_errors(processor) if enforcing else None,
+        resumable=args.resumable,
     )
     host, port = args.listen
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
