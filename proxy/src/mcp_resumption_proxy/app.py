@@ -54,6 +54,9 @@ MAX_REQUEST_BYTES = 4 * 1024 * 1024
 # A JSON answer up to this size is read whole so that the client half sees
 # it (as an SDK would read it); a larger one streams through unobserved.
 MAX_OBSERVED_JSON = 4 * 1024 * 1024
+# The largest SSE event the upstream leg parses (and so holds whole); the
+# bytes of a larger one still pass, unobserved.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
 # The legacy stream's first block is held until it ends (to rewrite an
 # absolute endpoint URL); a first block longer than this is no endpoint.
 MAX_HELD = 64 * 1024
@@ -111,9 +114,15 @@ class _Tee(httpx.AsyncByteStream):
     """The upstream's raw body, each chunk handed to ``out`` before httpx
     (and so any parser) gets it."""
 
-    def __init__(self, inner: Any, out: Callable[[bytes], Awaitable[None]]) -> None:
+    def __init__(
+        self, inner: Any, out: Callable[[bytes], Awaitable[None]], limit: int | None = None
+    ) -> None:
         self._inner = inner
         self._out = out
+        # An SSE parser holds one event whole: a stream whose event grows past
+        # ``limit`` bytes is no longer handed to it (``EventTooLarge``).
+        self.limit = limit
+        self._open = 0  # bytes since the last blank line seen
 
     failed = False  # the upstream's read failed (not a parser's, not the client's)
 
@@ -128,10 +137,20 @@ class _Tee(httpx.AsyncByteStream):
                 self.failed = True
                 raise
             await self._out(chunk)
+            if self.limit is not None:
+                end = max(chunk.rfind(b"\n\n"), chunk.rfind(b"\r\r"), chunk.rfind(b"\n\r\n"))
+                self._open = len(chunk) - end if end >= 0 else self._open + len(chunk)
+                if self._open > self.limit:
+                    self.limit = None  # what is left passes unparsed
+                    raise EventTooLarge(self._open)
             yield chunk
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+class EventTooLarge(Exception):
+    """An SSE event outgrew MAX_EVENT_BYTES: the stream passes unobserved."""
 
 
 class _ClientGone(Exception):
@@ -441,7 +460,10 @@ class ProxyApp:
         enforced = sse and pending is not None
         # Enforce mode forwards an event only once the client half let it
         # through: written anew from the parse, not teed.
-        tee = response.stream = _Tee(response.stream, _ignore if enforced else out.write)
+        tee = response.stream = _Tee(
+            response.stream, _ignore if enforced else out.write,
+            MAX_EVENT_BYTES if sse else None,
+        )
         if enforced:
             pump = self._enforced_events(response, session, out, pending)
         elif sse:
@@ -485,6 +507,11 @@ class ProxyApp:
                 if tee.failed:
                     # The upstream broke mid-body: leave the client's response
                     # unfinished, so that it breaks as it would have directly.
+                    return
+                if enforced and pending is not None:
+                    # What was not parsed was not let through: fail closed.
+                    await self._fail(out, pending, "mcp-resumption-proxy: the server's "
+                                     "stream could not be checked (an event too large)")
                     return
                 # Only the parse failed: the bytes still pass, unobserved.
                 _logger.warning("mcp-resumption-proxy: a response could not be observed",

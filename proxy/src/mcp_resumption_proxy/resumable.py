@@ -34,6 +34,7 @@ from httpx_sse import EventSource
 MAX_EVENTS = 1024
 MAX_BYTES = 4 * 1024 * 1024
 MAX_RELAYS = 1024
+MAX_EVENT_BYTES = 16 * 1024 * 1024
 # How long a relay reads on without a client before it lets the upstream go.
 LINGER = 30.0
 
@@ -143,6 +144,26 @@ class Relays:
         return None if relay is None else (relay, int(match.group(2)))
 
 
+class _Limited(httpx.AsyncByteStream):
+    """A relay keeps events whole: an event past MAX_EVENT_BYTES breaks the
+    stream (as the upstream's break would) rather than the proxy's memory."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._open = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            end = max(chunk.rfind(b"\n\n"), chunk.rfind(b"\r\r"), chunk.rfind(b"\n\r\n"))
+            self._open = len(chunk) - end if end >= 0 else self._open + len(chunk)
+            if self._open > MAX_EVENT_BYTES:
+                raise ValueError("an SSE event too large to keep")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 def start(
     relay: Relay,
     response: httpx.Response,
@@ -153,6 +174,8 @@ def start(
 
     async def pump() -> None:
         failed = True
+        limited = _Limited(response.stream)
+        response.stream = limited
         try:
             async for event in EventSource(response).aiter_sse():
                 relay.add(event)
