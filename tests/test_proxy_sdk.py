@@ -207,3 +207,25 @@ def test_an_unknown_cursor_is_a_gap_on_the_client_leg() -> None:
     assert gap["attributes"]["mcp.resumption.gap.kind"] == "unknown_cursor"
     assert "not-a-session" not in running.proxy.stdout
 
+
+
+def test_the_guard_refuses_a_cursor_the_proxy_cannot_vouch_for() -> None:
+    """OTEL_PYTHON_MCP_RESUMPTION_SERVER_GUARD=reject, the server half's
+    guard, on the proxy's own resumes: 410 Gone instead of a resume that
+    could lose events unseen."""
+    import httpx
+
+    async def scenario() -> tuple[Stack, int]:
+        async with stack(sdk_app(IntegerEventStore()),
+                         OTEL_PYTHON_MCP_RESUMPTION_SERVER_GUARD="reject") as running, \
+                httpx.AsyncClient() as client:
+            answer = await client.get(running.url, headers={
+                "accept": "text/event-stream", "last-event-id": "999",
+                "mcp-session-id": "not-a-session"})
+        return running, answer.status_code
+
+    running, status = asyncio.run(scenario())
+    assert status == 410
+    assert not running.upstream_router.exchanges, "refused by the proxy"
+    refused = running.proxy.counts(SERVER_REQUESTS, LEG, OUTCOME, "mcp.resumption.gap.kind")
+    assert refused == {("client_proxy", "rejected_by_guard", "unknown_cursor"): 1}, refused

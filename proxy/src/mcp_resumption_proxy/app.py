@@ -292,7 +292,12 @@ class ProxyApp:
         resume = cursor is not None and method == "GET"
         if resume and self.downstream is not None:
             server = scope.get("server") or ("", None)
-            self.downstream.resumed(cursor, session_id, str(server[0]), server[1])
+            outcome = self.downstream.resumed(cursor, session_id, str(server[0]), server[1])
+            if outcome == "rejected_by_guard":
+                await _answer(send, 410, jsonrpc_error(
+                    None, UPSTREAM_ERROR, "mcp-resumption-proxy: this proxy never forwarded "
+                    "that event id in this session: the events after it cannot be vouched for"))
+                return
         ledger = self.ledger
         pending = None
         if ledger is not None:

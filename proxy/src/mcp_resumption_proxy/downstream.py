@@ -47,6 +47,10 @@ class DownstreamView:
             meter_provider=wrapped["meter_provider"],
             logger_provider=wrapped["logger_provider"],
             settings=config.load({"session_id": None}),
+            # The server half's guard, on the proxy's own resumes:
+            # OTEL_PYTHON_MCP_RESUMPTION_SERVER_GUARD=reject answers a cursor
+            # the proxy cannot vouch for with 410 Gone.
+            guard=config.load_server_guard(None),
         )
         return cls(observer)
 
@@ -79,7 +83,8 @@ class DownstreamView:
         *,
         replayed: int | None = None,
     ) -> str:
-        """Judge a client's resume and report it on the ``client_proxy`` leg."""
+        """Judge a client's resume and report it on the ``client_proxy`` leg;
+        ``rejected_by_guard`` when the guard refuses it (answer 410)."""
         outcome = self.judge(cursor, session_id)
         if self.observer is not None:
             with self._lock:
@@ -87,10 +92,12 @@ class DownstreamView:
             request = ResumeRequest(
                 sc.TRANSPORT_STREAMABLE_HTTP, address, port, cursor, session_id
             )
+            cursor_session = previous if outcome == sc.SERVER_OTHER_SESSION else None
+            if self.observer.rejecting and outcome in sc.SERVER_GAP_KINDS:
+                self.observer.record(request, sc.SERVER_REJECTED_BY_GUARD, refused=outcome,
+                                     cursor_session=cursor_session)
+                return sc.SERVER_REJECTED_BY_GUARD
             self.observer.record(
-                request,
-                outcome,
-                replayed=replayed,
-                cursor_session=previous if outcome == sc.SERVER_OTHER_SESSION else None,
+                request, outcome, replayed=replayed, cursor_session=cursor_session
             )
         return outcome

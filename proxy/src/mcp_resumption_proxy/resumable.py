@@ -99,10 +99,17 @@ class Relay:
         try:
             while True:
                 changed = self._changed
-                for number, frame in list(self.frames):
-                    if number > after:
-                        after = number
-                        yield frame
+                # A follower is at the tail but for what arrived since it
+                # last wrote: walk back to it, and write what it lacks at once.
+                missing = []
+                for number, frame in reversed(self.frames):
+                    if number <= after:
+                        break
+                    missing.append(frame)
+                if missing:
+                    after = self.last
+                    missing.reverse()
+                    yield b"".join(missing)
                 if self.ended and after >= self.last:
                     return
                 await changed.wait()
