@@ -187,6 +187,15 @@ class CuttingFleet(Fleet):
         return await super().__call__(request)
 
 
+class RawRouter(WireRouter):
+    """A WireRouter that also keeps each exchange's response body bytes as
+    they crossed (``exchange.raw``): both legs' bytes can be compared."""
+
+    def _scan(self, scanner, piece: bytes, route, exchange):
+        exchange.raw = getattr(exchange, "raw", b"") + piece
+        return WireRouter._scan(scanner, piece, route, exchange)
+
+
 def is_priming(event) -> bool:
     """The event a resumable server opens a stream with: an id, no data."""
     return event.id is not None and not event.data
@@ -196,15 +205,17 @@ def is_priming(event) -> bool:
 async def stack(app, *, cut_upstream: bool = False, cut_client: bool = False,
                 path: str = "/mcp", proxy_args: tuple[str, ...] = (), at_resume=None,
                 cut_after=None, **proxy_kwargs):
-    backend = await LoopbackServer(app, name="sdk").astart()
-    upstream = await WireRouter(
-        CuttingFleet(Backend("sdk", backend.port), cut=cut_upstream, at_resume=at_resume,
+    """``app`` on a loopback server, or (an int) a server already on that port."""
+    backend = None if isinstance(app, int) else await LoopbackServer(app, name="sdk").astart()
+    port = app if backend is None else backend.port
+    upstream = await RawRouter(
+        CuttingFleet(Backend("sdk", port), cut=cut_upstream, at_resume=at_resume,
                      cut_after=cut_after)
     ).start()
     running = await asyncio.to_thread(Proxy, upstream.url + path, *proxy_args, **proxy_kwargs)
-    port = int(running.origin.rsplit(":", 1)[1])
-    client_router = await WireRouter(
-        CuttingFleet(Backend("proxy", port), cut=cut_client, cut_after=cut_after)
+    proxy_port = int(running.origin.rsplit(":", 1)[1])
+    client_router = await RawRouter(
+        CuttingFleet(Backend("proxy", proxy_port), cut=cut_client, cut_after=cut_after)
     ).start()
     try:
         yield Stack(client_router, upstream, running, client_router.url + path)
@@ -212,7 +223,8 @@ async def stack(app, *, cut_upstream: bool = False, cut_client: bool = False,
         await client_router.close()
         await asyncio.to_thread(running.close)
         await upstream.close()
-        await asyncio.to_thread(backend.close)
+        if backend is not None:
+            await asyncio.to_thread(backend.close)
 
 
 def ts_client(node: str, url: str, tool: str = "work", timeout_ms: int = 8000) -> dict:

@@ -42,6 +42,7 @@ def row(exchange: Exchange) -> tuple:
         request.header("last-event-id"), request.header("mcp-session-id"),
         exchange.status, exchange.session_id_received,
         tuple((event.id, event.event, event.data, event.retry) for event in exchange.events),
+        getattr(exchange, "raw", b""),  # the body's bytes as they crossed the leg
     )
 
 
@@ -58,7 +59,7 @@ def same_wire(running: Stack) -> None:
     client_leg = sorted(map(row, running.client_router.exchanges), key=repr)
     server_leg = sorted(map(row, running.upstream_router.exchanges), key=repr)
     assert client_leg == server_leg
-    assert any(r[-1] for r in client_leg), "some exchange carried SSE events"
+    assert any(r[-2] for r in client_leg), "some exchange carried SSE events"
 
 
 # ================================================================ transparency
@@ -229,3 +230,55 @@ def test_the_guard_refuses_a_cursor_the_proxy_cannot_vouch_for() -> None:
     assert not running.upstream_router.exchanges, "refused by the proxy"
     refused = running.proxy.counts(SERVER_REQUESTS, LEG, OUTCOME, "mcp.resumption.gap.kind")
     assert refused == {("client_proxy", "rejected_by_guard", "unknown_cursor"): 1}, refused
+
+
+# ================================================================ other upstreams
+
+
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
+def test_the_typescript_server_resumes_through_the_proxy(kind) -> None:
+    """The TypeScript SDK server's ``poll`` tool closes its own stream; the
+    client resumes through the proxy with the server's ids, and both legs
+    carry the same bytes."""
+    from mcp_resumption_demo.typescript_server import TsServer
+
+    server = TsServer()
+
+    async def scenario() -> Stack:
+        async with stack(server.port) as running:
+            async with AppClient(kind, running.url) as client:
+                result = await client.session.call_tool("poll", {})
+                assert result.content[0].text == "done"
+            await settled(running.client_router, running.upstream_router)
+        return running
+
+    try:
+        running = asyncio.run(scenario())
+    finally:
+        server.close()
+    same_wire(running)
+    resumes = [e for e in running.client_router.exchanges if e.request.header("last-event-id")]
+    assert resumes, "the client resumed through the proxy"
+    attempts = running.proxy.counts(ATTEMPTS, LEG, OUTCOME)
+    assert attempts and all(leg == "proxy_server" for leg, _ in attempts), attempts
+
+
+@pytest.mark.parametrize("name", ["supergateway", "supergateway-stateful"])
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_supergateway_passes_through(kind, name, tmp_path) -> None:
+    from bridge_stack import Bridge, node_modules
+
+    bridge = Bridge(name, node_modules(), tmp_path)
+
+    async def scenario() -> Stack:
+        async with stack(bridge.port) as running:
+            async with AppClient(kind, running.url) as client:
+                assert await client.call("x") == "done x"
+            await settled(running.client_router, running.upstream_router)
+        return running
+
+    try:
+        running = asyncio.run(scenario())
+    finally:
+        bridge.close()
+    same_wire(running)
