@@ -19,7 +19,7 @@ import pytest
 
 from fuzz_sse import RawServer, Reply, head
 from proxy_harness import find_node, is_priming, proxy, stack, ts_client
-from wire import CLIENTS, MCP1, AppClient, IntegerEventStore, sdk_app
+from wire import CLIENTS, MCP1, RESUMABLE_CLIENTS, AppClient, IntegerEventStore, sdk_app
 
 # The clients' own patience, which enforce mode must beat by far.
 CLIENT_TIMEOUT = 8.0
@@ -98,3 +98,32 @@ def test_a_replaced_session_is_404_on_the_clients_next_request() -> None:
                               content=b"{}").status_code == 200
     finally:
         raw.close()
+
+
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
+def test_an_empty_replay_fails_the_call_naming_the_gap(kind) -> None:
+    """The server's store lost the cursor: each resume is answered 200 with an
+    empty stream that ends at once.  In observe mode the client resumes again
+    and again until its application gives up; in enforce mode the client
+    half's verdict (replay_unconfirmed, decided at the stream's end, with no
+    read left to raise it into) fails the call."""
+    async def scenario() -> tuple[float, BaseException | None]:
+        async with stack(sdk_app(IntegerEventStore(lost=True)), cut_upstream=True,
+                         proxy_args=("--mode", "enforce"),
+                         OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT="0.5") as running:
+            client = await AppClient(kind, running.url).__aenter__()
+            started = time.monotonic()
+            try:
+                await client.call("x", timeout=CLIENT_TIMEOUT,
+                                  idle=CLIENT_TIMEOUT if kind == MCP1 else None)
+            except Exception as error:
+                return time.monotonic() - started, error
+            finally:
+                with contextlib.suppress(Exception):
+                    await client.__aexit__(None, None, None)
+            return time.monotonic() - started, None
+
+    elapsed, error = asyncio.run(scenario())
+    assert error is not None and not isinstance(error, TimeoutError), (elapsed, error)
+    assert elapsed < AT_ONCE, elapsed
+    assert "mcp-resumption-proxy" in str(error) and "end-of-replay" in str(error), str(error)

@@ -238,6 +238,7 @@ class ProxyApp:
         stream_error: Callable[[httpx.Response], BaseException | None] | None = None,
         poll: float = 0.05,
         resumable: bool = False,
+        enforced_errors: Any = None,
     ) -> None:
         url = httpx.URL(upstream)
         self.upstream = url
@@ -248,6 +249,10 @@ class ProxyApp:
         self.stream_error = stream_error
         self.poll = poll
         self.relays = _relays() if resumable else None
+        # The client half's ContextVar of the errors it decided where no read
+        # was left to raise them into (a stream that ended empty): set in the
+        # task that reads, as the MCP SDK patch sets it around its reconnects.
+        self.enforced_errors = enforced_errors
         self._own_client = client is None
         self.client = client or httpx.AsyncClient(
             timeout=TIMEOUT,
@@ -549,6 +554,9 @@ class ProxyApp:
         pending: enforce.Pending,
     ) -> None:
         downstream, ledger = self.downstream, self.ledger
+        decided: list[BaseException] = []
+        if self.enforced_errors is not None:
+            self.enforced_errors.set(decided)  # this task's own context
         last = None
         async for event in EventSource(response).aiter_sse():
             event_id = event.id
@@ -560,6 +568,13 @@ class ProxyApp:
                 if ledger is not None:
                     ledger.forwarded(event_id, pending)
             last = event_id
+        error = decided[0] if decided else (
+            self.stream_error(response) if self.stream_error is not None else None)
+        if error is not None:
+            # Decided at the stream's end (an empty replay): no read left to
+            # raise it into, so it is raised here, for the pending requests.
+            raise error if isinstance(error, ResumptionGapError) else ResumptionGapError(
+                str(error))
 
     async def _events(self, response: httpx.Response, session: str | None) -> None:
         """Drive the SSE parse the client half observes, and remember each id

@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         enforce=enforcing,
         stream_error=stream_errors(processor) if enforcing else None,
         resumable=args.resumable,
+        enforced_errors=processor.enforced_errors if enforcing else None,
     )
     host, port = args.listen
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
