@@ -16,6 +16,7 @@ import asyncio
 
 import pytest
 
+from bridge_stack import bridges_fixture
 from mcp_resumption_demo.router import Exchange
 from proxy_harness import LEG, Proxy, Stack, find_node, stack, ts_client
 from wire import (
@@ -263,12 +264,13 @@ def test_the_typescript_server_resumes_through_the_proxy(kind) -> None:
     assert attempts and all(leg == "proxy_server" for leg, _ in attempts), attempts
 
 
-@pytest.mark.parametrize("name", ["supergateway", "supergateway-stateful"])
-@pytest.mark.parametrize("kind", CLIENTS)
-def test_supergateway_passes_through(kind, name, tmp_path) -> None:
-    from bridge_stack import Bridge, node_modules
+bridges = bridges_fixture()  # each bridge started once for the module
 
-    bridge = Bridge(name, node_modules(), tmp_path)
+
+@pytest.mark.parametrize("name", ["supergateway", "supergateway-stateful"])
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)  # a stdio server per session: seconds each
+def test_supergateway_passes_through(kind, name, bridges) -> None:
+    bridge = bridges(name)
 
     async def scenario() -> Stack:
         async with stack(bridge.port) as running:
@@ -277,8 +279,4 @@ def test_supergateway_passes_through(kind, name, tmp_path) -> None:
             await settled(running.client_router, running.upstream_router)
         return running
 
-    try:
-        running = asyncio.run(scenario())
-    finally:
-        bridge.close()
-    same_wire(running)
+    same_wire(asyncio.run(scenario()))
