@@ -111,8 +111,11 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 
 
 class _Tee(httpx.AsyncByteStream):
-    """The upstream's raw body, each chunk handed to ``out`` before httpx
-    (and so any parser) gets it."""
+    """The upstream's raw body, each chunk handed to ``out`` as soon as the
+    parser has taken in the events it completes: when httpx asks for the
+    next chunk, before that chunk is awaited.  So an event's bytes reach the
+    client only once the proxy recorded it (its id, the client half's
+    verdicts), and never wait on the upstream's next bytes."""
 
     def __init__(
         self, inner: Any, out: Callable[[bytes], Awaitable[None]], limit: int | None = None
@@ -123,12 +126,19 @@ class _Tee(httpx.AsyncByteStream):
         # ``limit`` bytes is no longer handed to it (``EventTooLarge``).
         self.limit = limit
         self._open = 0  # bytes since the last blank line seen
+        self._unsent: bytes | None = None
 
     failed = False  # the upstream's read failed (not a parser's, not the client's)
+
+    async def flush(self) -> None:
+        unsent, self._unsent = self._unsent, None
+        if unsent:
+            await self._out(unsent)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = self._inner.__aiter__()
         while True:
+            await self.flush()
             try:
                 chunk = await chunks.__anext__()
             except StopAsyncIteration:
@@ -136,7 +146,7 @@ class _Tee(httpx.AsyncByteStream):
             except Exception:
                 self.failed = True
                 raise
-            await self._out(chunk)
+            self._unsent = chunk
             if self.limit is not None:
                 end = max(chunk.rfind(b"\n\n"), chunk.rfind(b"\r\r"), chunk.rfind(b"\n\r\n"))
                 self._open = len(chunk) - end if end >= 0 else self._open + len(chunk)
@@ -616,6 +626,7 @@ async def _answer_events(send: Send, events: bytes) -> None:
 async def _rest(tee: _Tee) -> bool:
     """Forward what is left of a body whose parse failed; False if it broke."""
     try:
+        await tee.flush()
         async for _ in tee:
             pass
     except Exception:
