@@ -4,13 +4,14 @@
 
 Every request goes to the same path and query at the upstream's origin.  The
 response's bytes reach the client as the upstream sent them, chunk by chunk:
-they are handed on from inside httpx's read (``_Tee``), before any parser
-sees them, so what a client receives is the upstream's body byte for byte
-(comments, line ends and malformed SSE included) and never waits for a
-whole body.  The SSE parse that follows (httpx-sse's, which the client half
-observes) only drives the upstream leg's verdicts and the downstream leg's
-memory of forwarded ids.  A JSON answer is read through ``aread()``, so that
-the client half sees the answer to its request, as it would in an SDK.
+they are handed on from inside httpx's read (``_Tee``), once the SSE parse
+(httpx-sse's, which the client half observes) has taken in the events a
+chunk completes and before the next chunk is awaited.  So what a client
+receives is the upstream's body byte for byte (comments, line ends and
+malformed SSE included), never waits for a whole body or for the upstream's
+next bytes, and carries no event the proxy has not recorded.  A JSON answer
+is read through ``aread()``, so that the client half sees the answer to its
+request, as it would in an SDK.
 
 Only one thing is ever rewritten: the legacy transport's ``endpoint`` event,
 when it names the upstream by an absolute URL (the SDKs send a path, which
