@@ -59,7 +59,13 @@ async def settled(one: WireRouter, other: WireRouter) -> None:
 def same_wire(running: Stack) -> None:
     client_leg = sorted(map(row, running.client_router.exchanges), key=repr)
     server_leg = sorted(map(row, running.upstream_router.exchanges), key=repr)
-    assert client_leg == server_leg
+    only_client = [r for r in client_leg if r not in server_leg]
+    only_server = [r for r in server_leg if r not in client_leg]
+    assert client_leg == server_leg, (
+        f"client leg only: {repr(only_client)[:1500]}\n"
+        f"server leg only: {repr(only_server)[:1500]}\nproxy stderr: "
+        f"{running.proxy.stderr[-1500:]}"
+    )
     assert any(r[-2] for r in client_leg), "some exchange carried SSE events"
 
 
