@@ -55,6 +55,9 @@ SUBSCRIPTION_NOTIFICATIONS = "mcp.resumption.subscription.notifications"
 SUBSCRIPTION_RELISTENED = "mcp.resumption.subscription.relistened"
 REISSUE_IDEMPOTENT = "mcp.resumption.reissue.idempotent"
 REISSUE_RISK = "mcp.resumption.reissue.risk"
+# Which leg of a proxy (mcp-resumption-proxy) a finding is about: set by the
+# proxy on everything it reports, never by the halves on their own.
+RESUMPTION_LEG = "mcp.resumption.leg"
 
 # -- values
 # TRANSPORT_SSE, TRANSPORT_STREAMABLE_HTTP: imported above, the tracker's own.
@@ -75,6 +78,11 @@ REISSUE_MAY_RUN_TWICE = "may_run_twice"  # not declared so, and the server's
 # protocol (before 2026-07-28) does not take a closed stream for cancellation
 REISSUE_RISKS = (REISSUE_SAFE, REISSUE_MAY_RUN_TWICE)
 BOOLEAN_VALUES = ("true", "false")
+# mcp.resumption.leg: the client's connection to the proxy, or the proxy's
+# connection to the server.
+LEG_CLIENT_PROXY = "client_proxy"
+LEG_PROXY_SERVER = "proxy_server"
+LEGS = (LEG_CLIENT_PROXY, LEG_PROXY_SERVER)
 # mcp.resumption.subscription.notifications: the kinds a subscription asked
 # for, sorted and joined by "," (jsonrpc.listen_filter), or "none".
 SUBSCRIPTION_FILTERS = LISTEN_FILTERS

@@ -1,0 +1,202 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""``--resumable``: the proxy keeps what it forwarded, so that a break
+between client and proxy loses nothing.
+
+Each upstream SSE stream becomes a ``Relay``: its events, numbered by the
+proxy under ids that count (``<stream>:<n>``, whatever the upstream's ids
+were, or where it sent none), kept in a bounded buffer like an event store,
+and read by one client at a time from a cursor.  The upstream stream is read
+on its own task, so a client that leaves does not end it: for ``LINGER``
+seconds the relay keeps reading, and a client that resumes with one of its
+ids gets every event after it once, in order.  When the upstream stream
+itself breaks, the relay remembers the upstream's last id and resumes the
+upstream with it on the client's next resume (the proxy wraps the upstream's
+ids rather than hides them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import re
+import secrets
+import threading
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from httpx_sse import EventSource
+
+# Like an event store's retention: per stream, the last events up to both bounds.
+MAX_EVENTS = 1024
+MAX_BYTES = 4 * 1024 * 1024
+MAX_RELAYS = 1024
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+# How long a relay reads on without a client before it lets the upstream go.
+LINGER = 30.0
+
+_PROXY_ID = re.compile(r"^(p[0-9a-f]{8}-[0-9]+):([0-9]+)$")
+
+
+class Relay:
+    """One upstream SSE stream, numbered and kept for its clients."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.frames: deque[tuple[int, bytes]] = deque()
+        self.size = 0
+        self.last = 0  # the number of the last event added
+        self.upstream_last_id: str | None = None
+        self.ended = False
+        self.failed = False
+        self.followers = 0
+        self.task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._linger: asyncio.TimerHandle | None = None
+
+    def add(self, event: Any) -> None:
+        self.last += 1
+        lines = []
+        if event.event and event.event != "message":
+            lines.append(b"event: " + event.event.encode())
+        lines.append(b"id: %s:%d" % (self.key.encode(), self.last))
+        if event.retry is not None:
+            lines.append(b"retry: %d" % event.retry)
+        lines.extend(b"data: " + line.encode() for line in event.data.split("\n"))
+        frame = b"\n".join(lines) + b"\n\n"
+        self.frames.append((self.last, frame))
+        self.size += len(frame)
+        while len(self.frames) > MAX_EVENTS or (self.size > MAX_BYTES and len(self.frames) > 1):
+            _, dropped = self.frames.popleft()
+            self.size -= len(dropped)
+        if event.id:
+            self.upstream_last_id = event.id
+        self._wake()
+
+    def end(self, failed: bool) -> None:
+        self.ended, self.failed = True, failed
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def holds(self, after: int) -> bool:
+        """Every event after ``after`` is still here (none was dropped)."""
+        oldest = self.frames[0][0] if self.frames else self.last + 1
+        return after + 1 >= oldest and after <= self.last
+
+    async def follow(self, after: int) -> AsyncIterator[bytes]:
+        """The frames after number ``after``, then each new one, until the
+        upstream stream ends."""
+        self.followers += 1
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        try:
+            while True:
+                changed = self._changed
+                # A follower is at the tail but for what arrived since it
+                # last wrote: walk back to it, and write what it lacks at once.
+                missing = []
+                for number, frame in reversed(self.frames):
+                    if number <= after:
+                        break
+                    missing.append(frame)
+                if missing:
+                    after = self.last
+                    missing.reverse()
+                    yield b"".join(missing)
+                if self.ended and after >= self.last:
+                    return
+                await changed.wait()
+        finally:
+            self.followers -= 1
+            if self.followers == 0 and not self.ended and self.task is not None:
+                self._linger = asyncio.get_running_loop().call_later(LINGER, self.task.cancel)
+
+
+class Relays:
+    """The relays by key, bounded: the oldest ended ones go first."""
+
+    def __init__(self) -> None:
+        self._relays: OrderedDict[str, Relay] = OrderedDict()
+        self._prefix = secrets.token_hex(4)
+        self._count = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def new(self) -> Relay:
+        relay = Relay(f"p{self._prefix}-{next(self._count)}")
+        with self._lock:
+            self._relays[relay.key] = relay
+            while len(self._relays) > MAX_RELAYS:
+                key = next((k for k, r in self._relays.items() if r.ended), None)
+                if key is None:
+                    key = next(iter(self._relays))
+                    gone = self._relays[key]
+                    if gone.task is not None:
+                        gone.task.cancel()
+                del self._relays[key]
+        return relay
+
+    def find(self, cursor: str) -> tuple[Relay, int] | None:
+        match = _PROXY_ID.match(cursor)
+        if match is None:
+            return None
+        with self._lock:
+            relay = self._relays.get(match.group(1))
+        return None if relay is None else (relay, int(match.group(2)))
+
+
+class _Limited(httpx.AsyncByteStream):
+    """A relay keeps events whole: an event past MAX_EVENT_BYTES breaks the
+    stream (as the upstream's break would) rather than the proxy's memory."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._open = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            end = max(chunk.rfind(b"\n\n"), chunk.rfind(b"\r\r"), chunk.rfind(b"\n\r\n"))
+            self._open = len(chunk) - end if end >= 0 else self._open + len(chunk)
+            if self._open > MAX_EVENT_BYTES:
+                raise ValueError("an SSE event too large to keep")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def start(
+    relay: Relay,
+    response: httpx.Response,
+    forwarded: Callable[[str], None] | None = None,
+) -> None:
+    """Read ``response``'s events into ``relay`` on a task of its own; the
+    response is closed when the stream ends or the relay lets it go."""
+
+    async def pump() -> None:
+        failed = True
+        limited = _Limited(response.stream)
+        response.stream = limited
+        try:
+            async for event in EventSource(response).aiter_sse():
+                relay.add(event)
+                if forwarded is not None:
+                    forwarded(f"{relay.key}:{relay.last}")
+            failed = False
+        except asyncio.CancelledError:
+            failed = False  # let go: no client came back within LINGER
+        except Exception:
+            pass  # the upstream broke: the next resume resumes it
+        finally:
+            relay.end(failed)
+            with contextlib.suppress(Exception):
+                await response.aclose()
+
+    relay.ended = relay.failed = False
+    relay.task = asyncio.ensure_future(pump())
