@@ -4,7 +4,7 @@
 
 Every request goes to the same path and query at the upstream's origin.  The
 response's bytes reach the client as the upstream sent them, chunk by chunk:
-they are handed on from inside httpx's read (``_Tee``), once the SSE parse
+they are handed on from inside httpx's read (``forwarding.Tee``), once the SSE parse
 (httpx-sse's, which the client half observes) has taken in the events a
 chunk completes and before the next chunk is awaited.  So what a client
 receives is the upstream's body byte for byte (comments, line ends and
@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -35,196 +33,38 @@ from opentelemetry.instrumentation.mcp_resumption import ResumptionGapError
 
 from . import enforce, resumable
 from .downstream import DownstreamView
+from .forwarding import (
+    MAX_EVENT_BYTES,
+    TIMEOUT,
+    UPSTREAM_ERROR,
+    ClientGone,
+    Receive,
+    RequestBody,
+    Scope,
+    Send,
+    Tee,
+    answer_events,
+    client_left,
+    decoded_text,
+    drain,
+    end_to_end,
+    endpoint_rewriter,
+    header_of,
+    ignore,
+    is_small,
+    is_sse,
+    jsonrpc_error,
+    new_ledger,
+    new_relays,
+    read_body,
+    request_id_of,
+    respond,
+    rest_of,
+)
 
 _logger = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-# RFC 9110 7.6.1, and the framing headers each leg derives on its own.
-HOP_BY_HOP = frozenset(
-    {
-        b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
-        b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade",
-    }
-)  # fmt: skip
-# A JSON-RPC request body is small; a larger one is refused before it costs
-# the proxy more than this.
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
-# A JSON answer up to this size is read whole so that the client half sees
-# it (as an SDK would read it); a larger one streams through unobserved.
-MAX_OBSERVED_JSON = 4 * 1024 * 1024
-# The largest SSE event the upstream leg parses (and so holds whole); the
-# bytes of a larger one still pass, unobserved.
-MAX_EVENT_BYTES = 16 * 1024 * 1024
-# The legacy stream's first block is held until it ends (to rewrite an
-# absolute endpoint URL); a first block longer than this is no endpoint.
-MAX_HELD = 64 * 1024
-# A stream may idle for as long as the server likes (a GET stream between
-# notifications); connecting and writing may not.
-TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=30.0)
-# JSON-RPC's implementation-defined server error range.
-UPSTREAM_ERROR = -32000
-
-_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
-
-
-def jsonrpc_error(request_id: Any, code: int, message: str) -> bytes:
-    return json.dumps(
-        {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
-    ).encode()
-
-
-def request_id_of(body: bytes) -> Any:
-    """The id of the JSON-RPC request in ``body``, else None (a notification,
-    a batch, not JSON)."""
-    try:
-        message = json.loads(body)
-    except ValueError:
-        return None
-    if isinstance(message, dict) and "method" in message:
-        request_id = message.get("id")
-        if isinstance(request_id, (str, int)) and not isinstance(request_id, bool):
-            return request_id
-    return None
-
-
-def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    """The headers a Connection header names: hop-by-hop too (RFC 9110 7.6.1)."""
-    named = set()
-    for key, value in headers:
-        if key.lower() == b"connection":
-            named.update(token.strip().lower() for token in value.split(b","))
-    return frozenset(named)
-
-
-def end_to_end(headers: list[tuple[bytes, bytes]], *also: bytes) -> list[tuple[bytes, bytes]]:
-    drop = HOP_BY_HOP | _connection_tokens(headers) | frozenset(also)
-    return [(key, value) for key, value in headers if key.lower() not in drop]
-
-
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    for key, value in headers:
-        if key.lower() == name:
-            return value
-    return None
-
-
-class _Tee(httpx.AsyncByteStream):
-    """The upstream's raw body, each chunk handed to ``out`` as soon as the
-    parser has taken in the events it completes: when httpx asks for the
-    next chunk, before that chunk is awaited.  So an event's bytes reach the
-    client only once the proxy recorded it (its id, the client half's
-    verdicts), and never wait on the upstream's next bytes."""
-
-    def __init__(
-        self, inner: Any, out: Callable[[bytes], Awaitable[None]], limit: int | None = None
-    ) -> None:
-        self._inner = inner
-        self._out = out
-        # An SSE parser holds one event whole: a stream whose event grows past
-        # ``limit`` bytes is no longer handed to it (``EventTooLarge``).
-        self.limit = limit
-        self._open = 0  # bytes since the last blank line seen
-        self._unsent: bytes | None = None
-
-    failed = False  # the upstream's read failed (not a parser's, not the client's)
-
-    async def flush(self) -> None:
-        unsent, self._unsent = self._unsent, None
-        if unsent:
-            await self._out(unsent)
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        chunks = self._inner.__aiter__()
-        while True:
-            await self.flush()
-            try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                return
-            except Exception:
-                self.failed = True
-                raise
-            self._unsent = chunk
-            if self.limit is not None:
-                end = max(chunk.rfind(b"\n\n"), chunk.rfind(b"\r\r"), chunk.rfind(b"\n\r\n"))
-                self._open = len(chunk) - end if end >= 0 else self._open + len(chunk)
-                if self._open > self.limit:
-                    self.limit = None  # what is left passes unparsed
-                    raise EventTooLarge(self._open)
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class EventTooLarge(Exception):
-    """An SSE event outgrew MAX_EVENT_BYTES: the stream passes unobserved."""
-
-
-class _ClientGone(Exception):
-    """The client's connection to the proxy closed."""
-
-
-class _Body:
-    """The response body toward the client: chunks as they come, except a
-    legacy stream's first block, held until it ends."""
-
-    def __init__(self, send: Send, rewrite: Callable[[bytes], bytes] | None) -> None:
-        self._send = send
-        self._rewrite = rewrite
-        self._held = bytearray() if rewrite is not None else None
-
-    async def write(self, chunk: bytes) -> None:
-        if self._held is not None:
-            self._held += chunk
-            end = _first_block_end(self._held)
-            if end is None and len(self._held) <= MAX_HELD:
-                return
-            held, self._held = bytes(self._held), None
-            if end is not None and self._rewrite is not None:
-                held = self._rewrite(held[:end]) + held[end:]
-            chunk = held
-        if chunk:
-            await self._out(chunk, True)
-
-    async def finish(self) -> None:
-        if self._held:
-            held, self._held = bytes(self._held), None
-            await self._out(held, True)
-        await self._out(b"", False)
-
-    async def _out(self, body: bytes, more: bool) -> None:
-        try:
-            await self._send({"type": "http.response.body", "body": body, "more_body": more})
-        except OSError as error:  # uvicorn's ClientDisconnected, a reset
-            raise _ClientGone from error
-
-
-def _first_block_end(buffer: bytearray) -> int | None:
-    match = _BLANK_LINE.search(buffer)
-    if match is None:
-        return None
-    end = match.end()
-    if buffer[end - 1 : end] == b"\r" and end == len(buffer):
-        return None  # an LF may follow in the next chunk, and belongs to this block
-    return end
-
-
-def endpoint_rewriter(upstream_origin: str, public_origin: str) -> Callable[[bytes], bytes]:
-    """Rewrites an ``endpoint`` event naming the upstream's origin to name the
-    proxy's; any other block passes as it is."""
-    old, new = upstream_origin.encode(), public_origin.encode()
-    data_line = re.compile(rb"^(data: ?)" + re.escape(old), re.MULTILINE)
-
-    def rewrite(block: bytes) -> bytes:
-        if not re.search(rb"^event: ?endpoint\r?$", block, re.MULTILINE):
-            return block
-        return data_line.sub(lambda m: m.group(1) + new, block, count=1)
-
-    return rewrite
 
 
 class ProxyApp:
@@ -256,10 +96,10 @@ class ProxyApp:
         self.upstream_origin = f"{url.scheme}://{url.netloc.decode('ascii')}"
         self.downstream = downstream
         self.enforce = enforce
-        self.ledger = _ledger() if enforce else None
+        self.ledger = new_ledger() if enforce else None
         self.stream_error = stream_error
         self.poll = poll
-        self.relays = _relays() if resumable else None
+        self.relays = new_relays() if resumable else None
         # The client half's ContextVar of the errors it decided where no read
         # was left to raise them into (a stream that ended empty): set in the
         # task that reads, as the MCP SDK patch sets it around its reconnects.
@@ -295,22 +135,22 @@ class ProxyApp:
     # ------------------------------------------------------------ one request
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
-            await _answer(send, 413, jsonrpc_error(None, UPSTREAM_ERROR, "request too large"))
+            await respond(send, 413, jsonrpc_error(None, UPSTREAM_ERROR, "request too large"))
             return
         if body is False:
             return  # the client left before its request was whole
         headers = list(scope.get("headers") or ())
         method = scope["method"]
-        session_id = _text(_header(headers, b"mcp-session-id"))
-        cursor = _text(_header(headers, b"last-event-id"))
+        session_id = decoded_text(header_of(headers, b"mcp-session-id"))
+        cursor = decoded_text(header_of(headers, b"last-event-id"))
         resume = cursor is not None and method == "GET"
         if resume and self.downstream is not None:
             server = scope.get("server") or ("", None)
             outcome = self.downstream.resumed(cursor, session_id, str(server[0]), server[1])
             if outcome == "rejected_by_guard":
-                await _answer(send, 410, jsonrpc_error(
+                await respond(send, 410, jsonrpc_error(
                     None, UPSTREAM_ERROR, "mcp-resumption-proxy: this proxy never forwarded "
                     "that event id in this session: the events after it cannot be vouched for"))
                 return
@@ -320,7 +160,7 @@ class ProxyApp:
             if session_id is not None and ledger.is_changed(session_id):
                 # The specification's answer to an unknown session: the
                 # client starts a new one.
-                await _answer(send, 404, jsonrpc_error(
+                await respond(send, 404, jsonrpc_error(
                     request_id_of(body), enforce.GAP_ERROR,
                     "mcp-resumption-proxy: the server replaced this session; re-initialize"))
                 return
@@ -363,13 +203,13 @@ class ProxyApp:
                 message = (f"mcp-resumption-proxy: the server did not answer the resume "
                            f"({type(error).__name__}): the answers of the broken stream are lost")
             if pending is not None and pending.ids:
-                await _answer_events(send, enforce.error_events(pending, message))
+                await answer_events(send, enforce.error_events(pending, message))
                 return
-            await _answer(send, 502, jsonrpc_error(request_id_of(body), UPSTREAM_ERROR, message))
+            await respond(send, 502, jsonrpc_error(request_id_of(body), UPSTREAM_ERROR, message))
             return
         try:
             if ledger is not None:
-                answered_in = _text(_header(list(response.headers.raw), b"mcp-session-id"))
+                answered_in = decoded_text(header_of(list(response.headers.raw), b"mcp-session-id"))
                 if session_id is not None and answered_in not in (None, session_id):
                     ledger.session_changed(session_id)
                 if resume and pending is not None and pending.ids and (
@@ -377,16 +217,16 @@ class ProxyApp:
                 ):
                     message = (f"mcp-resumption-proxy: the server refused the resume "
                                f"(HTTP {response.status_code}): the answers are lost")
-                    await _answer_events(send, enforce.error_events(pending, message))
+                    await answer_events(send, enforce.error_events(pending, message))
                     return
-            if relay is not None and response.status_code == 200 and _is_sse(response):
+            if relay is not None and response.status_code == 200 and is_sse(response):
                 resumable.start(relay, response, self._forwarded(session_id))
                 response = None  # the relay's now
                 await self._follow(receive, send, relay, after, [])
                 return
-            if self.relays is not None and _is_sse(response):
+            if self.relays is not None and is_sse(response):
                 relay = self.relays.new()
-                session = _text(_header(list(response.headers.raw), b"mcp-session-id"))
+                session = decoded_text(header_of(list(response.headers.raw), b"mcp-session-id"))
                 start_headers = end_to_end(list(response.headers.raw), b"content-length")
                 status = response.status_code
                 resumable.start(relay, response, self._forwarded(session or session_id))
@@ -419,14 +259,14 @@ class ProxyApp:
         if not headers:
             headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
         await send({"type": "http.response.start", "status": status, "headers": headers})
-        out = _Body(send, None)
+        out = RequestBody(send, None)
 
         async def forward() -> None:
             async for frame in relay.follow(after):
                 await out.write(frame)
 
         forwarding = asyncio.ensure_future(forward())
-        watching = asyncio.ensure_future(_disconnected(receive))
+        watching = asyncio.ensure_future(client_left(receive))
         try:
             await asyncio.wait({forwarding, watching}, return_when=asyncio.FIRST_COMPLETED)
             if not forwarding.done():
@@ -436,7 +276,7 @@ class ProxyApp:
                 return
             if forwarding.exception() is not None or relay.failed:
                 return  # broken as the upstream broke: the client resumes here
-            with contextlib.suppress(_ClientGone):
+            with contextlib.suppress(ClientGone):
                 await out.finish()
         finally:
             watching.cancel()
@@ -455,7 +295,7 @@ class ProxyApp:
         pending: enforce.Pending | None = None,
     ) -> None:
         raw_headers = list(response.headers.raw)
-        content_type = (_header(raw_headers, b"content-type") or b"").split(b";", 1)[0]
+        content_type = (header_of(raw_headers, b"content-type") or b"").split(b";", 1)[0]
         # httpx-sse's own test (case-sensitive, a substring): the streams an
         # SDK client would parse are the ones the client half sees parsed.
         sse = b"text/event-stream" in content_type
@@ -465,9 +305,9 @@ class ProxyApp:
             sse
             and method == "GET"
             and session_id is None
-            and _header(raw_headers, b"content-length") is None
+            and header_of(raw_headers, b"content-length") is None
         ):
-            host = _text(_header(request_headers, b"host")) or "127.0.0.1"
+            host = decoded_text(header_of(request_headers, b"host")) or "127.0.0.1"
             rewrite = endpoint_rewriter(self.upstream_origin, f"{scope.get('scheme', 'http')}://{host}")
         await send(
             {
@@ -476,25 +316,25 @@ class ProxyApp:
                 "headers": end_to_end(raw_headers),
             }
         )
-        out = _Body(send, rewrite)
-        session = _text(_header(raw_headers, b"mcp-session-id")) or session_id
+        out = RequestBody(send, rewrite)
+        session = decoded_text(header_of(raw_headers, b"mcp-session-id")) or session_id
         enforced = sse and pending is not None
         # Enforce mode forwards an event only once the client half let it
         # through: written anew from the parse, not teed.
-        tee = response.stream = _Tee(
-            response.stream, _ignore if enforced else out.write,
+        tee = response.stream = Tee(
+            response.stream, ignore if enforced else out.write,
             MAX_EVENT_BYTES if sse else None,
         )
         if enforced:
             pump = self._enforced_events(response, session, out, pending)
         elif sse:
             pump = self._events(response, session)
-        elif content_type == b"application/json" and _small(raw_headers):
+        elif content_type == b"application/json" and is_small(raw_headers):
             pump = response.aread()
         else:
-            pump = _drain(response)
+            pump = drain(response)
         pumping = asyncio.ensure_future(pump)
-        watching = asyncio.ensure_future(_disconnected(receive))
+        watching = asyncio.ensure_future(client_left(receive))
         waits = {pumping, watching}
         if enforced and self.stream_error is not None:
             judged = asyncio.ensure_future(self._judged(response))
@@ -511,7 +351,7 @@ class ProxyApp:
                 return
             try:
                 pumping.result()
-            except _ClientGone:
+            except ClientGone:
                 return
             except ResumptionGapError as error:
                 if pending is not None:
@@ -537,9 +377,9 @@ class ProxyApp:
                 # Only the parse failed: the bytes still pass, unobserved.
                 _logger.warning("mcp-resumption-proxy: a response could not be observed",
                                 exc_info=False)
-                if not await _rest(tee):
+                if not await rest_of(tee):
                     return
-            with contextlib.suppress(_ClientGone):
+            with contextlib.suppress(ClientGone):
                 await out.finish()
         finally:
             for task in waits:
@@ -547,8 +387,8 @@ class ProxyApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
 
-    async def _fail(self, out: _Body, pending: enforce.Pending, message: str) -> None:
-        with contextlib.suppress(_ClientGone):
+    async def _fail(self, out: RequestBody, pending: enforce.Pending, message: str) -> None:
+        with contextlib.suppress(ClientGone):
             if pending.ids:
                 await out.write(enforce.error_events(pending, message))
             await out.finish()
@@ -561,7 +401,7 @@ class ProxyApp:
             await asyncio.sleep(self.poll)
 
     async def _enforced_events(
-        self, response: httpx.Response, session: str | None, out: _Body,
+        self, response: httpx.Response, session: str | None, out: RequestBody,
         pending: enforce.Pending,
     ) -> None:
         downstream, ledger = self.downstream, self.ledger
@@ -598,91 +438,3 @@ class ProxyApp:
                 downstream.forwarded(event_id, session)
             last = event_id
 
-
-async def _ignore(chunk: bytes) -> None:
-    pass
-
-
-def _ledger() -> enforce.Ledger:
-    return enforce.Ledger()
-
-
-def _relays() -> resumable.Relays:
-    return resumable.Relays()
-
-
-def _is_sse(response: httpx.Response) -> bool:
-    content_type = _header(list(response.headers.raw), b"content-type") or b""
-    return b"text/event-stream" in content_type.split(b";", 1)[0]
-
-
-async def _answer_events(send: Send, events: bytes) -> None:
-    """A 200 SSE answer carrying ``events``, complete."""
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"text/event-stream"),
-                            (b"cache-control", b"no-cache")]})
-    await send({"type": "http.response.body", "body": events})
-
-
-async def _rest(tee: _Tee) -> bool:
-    """Forward what is left of a body whose parse failed; False if it broke."""
-    try:
-        await tee.flush()
-        async for _ in tee:
-            pass
-    except Exception:
-        return False
-    return True
-
-
-async def _drain(response: httpx.Response) -> None:
-    async for _ in response.aiter_raw():
-        pass
-
-
-def _small(headers: list[tuple[bytes, bytes]]) -> bool:
-    length = _header(headers, b"content-length")
-    try:
-        return length is not None and int(length) <= MAX_OBSERVED_JSON
-    except ValueError:
-        return False
-
-
-def _text(value: bytes | None) -> str | None:
-    return None if value is None else value.decode("latin-1")
-
-
-async def _read_body(receive: Receive) -> bytes | bool | None:
-    """The request body; None when it is larger than MAX_REQUEST_BYTES,
-    False when the client disconnected first."""
-    parts, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return False
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_REQUEST_BYTES:
-            return None
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(parts)
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _answer(send: Send, status: int, body: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
