@@ -28,6 +28,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+# The key every process of a test fleet shares (OTEL_PYTHON_MCP_RESUMPTION_STATE_KEY).
+FLEET_KEY = "the fleet's key"
+
+
 class RedisServer:
     """One redis-server child on 127.0.0.1:``port``, no persistence."""
 
@@ -114,3 +118,19 @@ class RedisServer:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGCONT)  # a paused one cannot exit
             self.kill()
+
+
+def process_env(state: str | None, confirm: float) -> dict[str, str]:
+    """The environment of a client process of this tree's plugin: its state
+    in ``state`` (a Redis URL, with the fleet's key) or in memory (None)."""
+    from helpers import clean_env
+
+    root = Path(__file__).resolve().parents[1]
+    extra = {
+        "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root / "demo" / "src")]),
+        "OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT": str(confirm),
+    }
+    if state is not None:
+        extra["OTEL_PYTHON_MCP_RESUMPTION_STATE"] = state
+        extra["OTEL_PYTHON_MCP_RESUMPTION_STATE_KEY"] = FLEET_KEY
+    return clean_env(**extra)

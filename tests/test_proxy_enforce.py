@@ -26,6 +26,21 @@ CLIENT_TIMEOUT = 8.0
 AT_ONCE = 3.0
 
 
+async def timed_call(kind: str, url: str) -> tuple[float, BaseException | None]:
+    """How long the client's call took, and what it raised (None: answered)."""
+    client = await AppClient(kind, url).__aenter__()
+    started = time.monotonic()
+    try:
+        idle = CLIENT_TIMEOUT if kind == MCP1 else None
+        await client.call("x", timeout=CLIENT_TIMEOUT, idle=idle)
+    except Exception as error:  # what the SDK raises is its business
+        return time.monotonic() - started, error
+    finally:
+        with contextlib.suppress(Exception):
+            await client.__aexit__(None, None, None)
+    return time.monotonic() - started, None
+
+
 async def gone() -> None:
     """Every resume from now on gets no HTTP answer: the server is gone."""
     return None
@@ -36,17 +51,7 @@ def test_a_broken_upstream_stream_fails_the_call_at_once(kind) -> None:
     async def scenario() -> tuple[float, BaseException | None]:
         async with stack(sdk_app(IntegerEventStore()), cut_upstream=True, at_resume=gone,
                          proxy_args=("--mode", "enforce")) as running:
-            client = await AppClient(kind, running.url).__aenter__()
-            started = time.monotonic()
-            try:
-                await client.call("x", timeout=CLIENT_TIMEOUT,
-                                  idle=CLIENT_TIMEOUT if kind == MCP1 else None)
-            except Exception as error:  # what the SDK raises is its business
-                return time.monotonic() - started, error
-            finally:
-                with contextlib.suppress(Exception):
-                    await client.__aexit__(None, None, None)
-            return time.monotonic() - started, None
+            return await timed_call(kind, running.url)
 
     elapsed, error = asyncio.run(scenario())
     assert error is not None, "the cut call was answered"
@@ -111,17 +116,7 @@ def test_an_empty_replay_fails_the_call_naming_the_gap(kind) -> None:
         async with stack(sdk_app(IntegerEventStore(lost=True)), cut_upstream=True,
                          proxy_args=("--mode", "enforce"),
                          OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT="0.5") as running:
-            client = await AppClient(kind, running.url).__aenter__()
-            started = time.monotonic()
-            try:
-                await client.call("x", timeout=CLIENT_TIMEOUT,
-                                  idle=CLIENT_TIMEOUT if kind == MCP1 else None)
-            except Exception as error:
-                return time.monotonic() - started, error
-            finally:
-                with contextlib.suppress(Exception):
-                    await client.__aexit__(None, None, None)
-            return time.monotonic() - started, None
+            return await timed_call(kind, running.url)
 
     elapsed, error = asyncio.run(scenario())
     assert error is not None and not isinstance(error, TimeoutError), (elapsed, error)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
-import os
 import signal
 import sys
 import time
@@ -23,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_env
 from mcp_resumption_demo.loopback import LoopbackServer
 from mcp_resumption_demo.router import Backend, Route
-from redis_stack import RedisServer
+from redis_stack import RedisServer, process_env
 from wire import Truth, WireRouter
 
 pytest.importorskip("redis")
@@ -65,14 +63,7 @@ def redis_server(tmp_path_factory):
 
 
 def env(state: str | None) -> dict[str, str]:
-    extra = {
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "demo" / "src")]),
-        "OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT": str(CONFIRM),
-    }
-    if state is not None:
-        extra["OTEL_PYTHON_MCP_RESUMPTION_STATE"] = state
-        extra["OTEL_PYTHON_MCP_RESUMPTION_STATE_KEY"] = "the fleet's key"
-    return clean_env(**extra)
+    return process_env(state, CONFIRM)
 
 
 async def wait_for(predicate, timeout: float = 15.0) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 import time
@@ -41,10 +40,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import clean_env
 from mcp_resumption_demo.loopback import LoopbackServer
 from mcp_resumption_demo.router import Backend, RequestHead, Route
-from redis_stack import RedisServer
+from redis_stack import RedisServer, process_env
 from wire import CutRoute, IntegerEventStore, Truth, WireRouter, is_progress, sdk_app
 
 pytest.importorskip("redis")
@@ -52,7 +50,6 @@ pytestmark = pytest.mark.mcp1  # ClientMessageMetadata's resumption token is mcp
 
 PROGRAM = Path(__file__).resolve().parent / "programs" / "token_client.py"
 ROOT = Path(__file__).resolve().parents[1]
-KEY = "the fleet's key"
 CONFIRM = 1.0
 REPLACED_SESSION = "a-fresh-session-on-the-replacing-server"
 
@@ -99,14 +96,7 @@ class Restart:
 
 
 def env(state: str | None) -> dict[str, str]:
-    extra = {
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "demo" / "src")]),
-        "OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT": str(CONFIRM),
-    }
-    if state is not None:
-        extra["OTEL_PYTHON_MCP_RESUMPTION_STATE"] = state
-        extra["OTEL_PYTHON_MCP_RESUMPTION_STATE_KEY"] = KEY
-    return clean_env(**extra)
+    return process_env(state, CONFIRM)
 
 
 async def lines(process) -> list[dict]:
