@@ -195,10 +195,11 @@ def scope_counts(export: dict, metric: str, attribute: str) -> dict[str, int]:
     return {key: value for key, value in counts.items() if value}
 
 
-class OtlpHttpCollector:
-    """A stand-in OTLP/HTTP collector that records what it is sent."""
+class RecordingHttpServer:
+    """A loopback HTTP server that records every POST it is sent, as (path,
+    body), and answers each ``200`` with an empty body of ``content_type``."""
 
-    def __init__(self) -> None:
+    def __init__(self, content_type: str | None = None) -> None:
         received = self.received = []
 
         class Handler(BaseHTTPRequestHandler):
@@ -206,7 +207,8 @@ class OtlpHttpCollector:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 received.append((self.path, body))
                 self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
+                if content_type is not None:
+                    self.send_header("content-type", content_type)
                 self.send_header("content-length", "0")
                 self.end_headers()
 
@@ -220,3 +222,10 @@ class OtlpHttpCollector:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class OtlpHttpCollector(RecordingHttpServer):
+    """A stand-in OTLP/HTTP collector that records what it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__("application/x-protobuf")

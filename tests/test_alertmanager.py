@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import stop_process
+from helpers import RecordingHttpServer, stop_process
 
 from prometheus_stack import Prometheus, ScrapedDemo, free_port
 
@@ -30,39 +28,21 @@ RUNBOOK = "dashboards/RUNBOOK.md#mcpresumptionlosttoolcall"
 WAIT_S = 120.0
 
 
-class Webhook:
+class Webhook(RecordingHttpServer):
     """The receiver: every notification Alertmanager POSTs, in order."""
 
     def __init__(self) -> None:
-        received = self.received = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                received.append(json.loads(body))
-                self.send_response(200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/page"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        super().__init__()
+        self.url = f"{self.endpoint}/page"
 
     def alerts(self, status: str, name: str = ALERT) -> list[dict]:
         """Every alert ``name`` a notification carried with ``status``."""
         return [
             alert
-            for notification in list(self.received)
-            for alert in notification["alerts"]
+            for _, body in list(self.received)
+            for alert in json.loads(body)["alerts"]
             if alert["labels"].get("alertname") == name and alert["status"] == status
         ]
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 class Alertmanager:
