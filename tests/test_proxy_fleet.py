@@ -23,8 +23,10 @@ import asyncio
 import pytest
 
 from fleet_stack import FleetStack, fleet, instance
+from mcp_resumption_proxy.shared import BUFFER_TTL
 from proxy_harness import LEG
 from redis_stack import RedisServer
+from test_proxy_resumable import PROXY_ID, assert_once_in_order
 from wire import RESUMABLE_CLIENTS, AppClient, IntegerEventStore, sdk_app
 
 ATTEMPTS = "mcp.client.resumption.attempts"
@@ -133,3 +135,105 @@ def test_a_server_that_started_over_is_caught_on_the_other_instance(
     found = verdicts(running, other)
     assert found["downstream"] == {("client_proxy", "replayed"): 1}, found
     assert found["gaps"] == {("proxy_server", "id_regression"): 1}, found
+
+
+# ================================================================ --resumable
+
+
+def run_resumable(
+    kind: str, redis: RedisServer | None, store, cut: str = "client"
+) -> tuple[FleetStack, object]:
+    """The call through a ``--resumable`` fleet; its answer, or what the
+    client raised (the memory run's resume finds no relay on the other
+    instance: the server gets a cursor of the proxy's and the call is lost)."""
+
+    async def scenario() -> tuple[FleetStack, object]:
+        async with (
+            fleet(
+                sdk_app(store), redis, proxy_args=("--resumable",), **{f"cut_{cut}": True}
+            ) as running,
+            AppClient(kind, running.url) as client,
+        ):
+            try:
+                answer = await client.call("x", timeout=6)
+            except Exception as error:  # what the SDK raises is its business
+                answer = error
+        return running, answer
+
+    return asyncio.run(scenario())
+
+
+RESUMABLE_STATES = [
+    pytest.param("redis"),
+    pytest.param(
+        "memory",
+        marks=pytest.mark.xfail(
+            strict=True,
+            raises=AssertionError,
+            reason="state in memory: the other instance has no relay of that id; the call is lost",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("state", RESUMABLE_STATES)
+@pytest.mark.parametrize("upstream", ["event-store", "no-store"])
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
+def test_a_resumable_fleet_serves_the_missed_events_from_any_instance(
+    redis_server, kind, upstream, state
+) -> None:
+    """The client's leg is cut after the progress; the instance that carried
+    the call reads on into its relay (and Redis); the client's resume, with
+    the proxy's id, lands on the other instance, which serves every missed
+    event once, in order, from the shared buffer: the server never sees a
+    resume."""
+    redis_server.client().flushall()
+    redis = redis_server if state == "redis" else None
+    store = IntegerEventStore() if upstream == "event-store" else None
+    running, answer = run_resumable(kind, redis, store)
+    first = running.carried_call()
+    assert running.drained == [first], running.drained
+    assert answer == "done x", answer
+    assert any(e.severed for e in running.client_router.exchanges)
+    [resume] = [e for e in running.client_router.exchanges if e.request.header("last-event-id")]
+    assert PROXY_ID.match(resume.request.header("last-event-id"))
+    assert not any(e.request.header("last-event-id") for e in running.upstream_router.exchanges), (
+        "the fleet served the resume"
+    )
+    assert_once_in_order(running)
+    other = verdicts(running, running.other(first))
+    assert other["downstream"] == {("client_proxy", "replayed"): 1}, other
+    if redis is not None:
+        # Payloads in Redis only under hashed keys, with the buffer's TTL.
+        client = redis_server.client()
+        keys = [key.decode() for key in client.keys("mcpres:v1:r*")]
+        assert keys and all(0 < client.ttl(key) <= BUFFER_TTL for key in keys), keys
+        session = resume.request.header("mcp-session-id")
+        assert not any(session and session in key for key in keys)
+
+
+@pytest.mark.parametrize("state", RESUMABLE_STATES)
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
+def test_a_resumable_fleet_takes_over_a_relay_whose_upstream_broke(
+    redis_server, kind, state
+) -> None:
+    """The first instance's leg to the server is cut after the progress: its
+    relay ends broken, with the server's last id in Redis; the client's
+    resume lands on the other instance, which takes the relay over, resumes
+    the server with the server's own id, and serves every event once."""
+    redis_server.client().flushall()
+    redis = redis_server if state == "redis" else None
+    running, answer = run_resumable(kind, redis, IntegerEventStore(), cut="upstream")
+    first = running.carried_call()
+    assert running.drained == [first], running.drained
+    assert answer == "done x", answer
+    [client_resume] = [
+        e for e in running.client_router.exchanges if e.request.header("last-event-id")
+    ]
+    assert PROXY_ID.match(client_resume.request.header("last-event-id"))
+    [upstream_resume] = [
+        e for e in running.upstream_router.exchanges if e.request.header("last-event-id")
+    ]
+    assert upstream_resume.request.header("last-event-id").isdigit()  # the server's own id
+    assert instance(upstream_resume) == running.other(first)
+    assert_once_in_order(running)

@@ -88,6 +88,7 @@ class ProxyApp:
         poll: float = 0.05,
         resumable: bool = False,
         enforced_errors: Any = None,
+        shared_relays: Any = None,
     ) -> None:
         url = httpx.URL(upstream)
         self.upstream = url
@@ -98,6 +99,9 @@ class ProxyApp:
         self.stream_error = stream_error
         self.poll = poll
         self.relays = new_relays() if resumable else None
+        if self.relays is not None:
+            # The fleet's buffers (shared.SharedRelays), None: this process's.
+            self.relays.shared = shared_relays
         # The client half's ContextVar of the errors it decided where no read
         # was left to raise them into (a stream that ended empty): set in the
         # task that reads, as the MCP SDK patch sets it around its reconnects.
@@ -186,6 +190,19 @@ class ProxyApp:
         relay = None
         if resume and self.relays is not None:
             found = self.relays.find(cursor)
+            if found is None and self.relays.shared is not None:
+                # Another instance's relay: followed from Redis, or taken
+                # over where its upstream broke.
+                remote = await asyncio.to_thread(self.relays.shared.find, cursor, session_id)
+                if remote is not None:
+                    after = int(cursor.rsplit(":", 1)[1])
+                    if not remote.upstream_broke():
+                        remote.forwarded = self._forwarded(session_id)
+                        await self._follow(receive, send, remote, after, [])
+                        return
+                    frames = await asyncio.to_thread(remote.read_all, after)
+                    if frames is not None:
+                        found = (self.relays.adopt(remote, frames), after)
             if found is not None:
                 relay, after = found
                 if not (relay.ended and relay.failed and relay.upstream_last_id):
@@ -236,8 +253,8 @@ class ProxyApp:
                 await self._follow(receive, send, relay, after, [])
                 return
             if self.relays is not None and is_sse(response):
-                relay = self.relays.new()
                 session = decoded_text(header_of(list(response.headers.raw), b"mcp-session-id"))
+                relay = self.relays.new(session or session_id)
                 start_headers = end_to_end(list(response.headers.raw), b"content-length")
                 status = response.status_code
                 resumable.start(relay, response, self._forwarded(session or session_id))
@@ -260,7 +277,7 @@ class ProxyApp:
         self,
         receive: Receive,
         send: Send,
-        relay: resumable.Relay,
+        relay: resumable.Relay | Any,
         after: int,
         headers: list[tuple[bytes, bytes]],
         status: int = 200,

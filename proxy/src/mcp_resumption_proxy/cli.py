@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         stream_error=stream_errors(processor) if enforcing else None,
         resumable=args.resumable,
         enforced_errors=processor.enforced_errors if enforcing else None,
+        shared_relays=None if store is None or not args.resumable else shared.SharedRelays(store),
     )
     host, port = args.listen
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
