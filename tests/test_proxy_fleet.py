@@ -237,3 +237,27 @@ def test_a_resumable_fleet_takes_over_a_relay_whose_upstream_broke(
     assert upstream_resume.request.header("last-event-id").isdigit()  # the server's own id
     assert instance(upstream_resume) == running.other(first)
     assert_once_in_order(running)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="open (issue 32): the first instance decides the cut request's fate from its "
+    "own memory once its reissue window passes (lost), while the other instance's resume "
+    "answered it (answered): counted once per instance",
+)
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
+def test_a_request_cut_on_one_instance_is_counted_once_by_the_fleet(redis_server, kind) -> None:
+    """The first instance's leg to the server is cut after the progress; the
+    other instance's resume brings the answer (the wire: the replay carries
+    the result).  The fleet counts that request once: answered."""
+    redis_server.client().flushall()
+    running = run(kind, redis_server, IntegerEventStore(), cut_upstream=True)
+    _first, other, [cursor], replayed = wire_truth(running)
+    assert replayed and all(int(event_id) > int(cursor) for event_id in replayed), replayed
+    fates: dict[str, int] = {}
+    for name in running.proxies:
+        for (_leg, fate), count in verdicts(running, name)["broken"].items():
+            fates[fate] = fates.get(fate, 0) + count
+    assert verdicts(running, other)["broken"] == {("proxy_server", "answered"): 1}
+    assert fates == {"answered": 1}, fates
