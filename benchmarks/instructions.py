@@ -30,6 +30,17 @@ per ``tools/call`` through the real SDK client (mcp 1.x ``ClientSession``,
 mcp 2.x ``Client``) against ``sse_server.py`` over loopback (the result only,
 on a POST stream).
 
+``--state URL`` (a Redis the run may write to, e.g. a loopback
+``redis-server``): the plugin once more with the shared state in that Redis
+(``ours, state``: ``docs/shared-state.md``) on the rows per event
+(httpx-sse sync: must not move) and per POST answered by SSE, and a row per
+resume: a GET with a ``Last-Event-ID`` this process never saw, answered by
+one event, whose stream's record another process left in Redis (the
+orchestrator writes the records first): ``ours`` judges it from memory
+(``unverifiable``), ``ours, state`` reads the record (one round trip) and
+restores the stream.  The store's writer thread runs in the counted process:
+what it writes (the resumed stream's record, batched) is counted too.
+
 Instructions are converted to µs with a factor derived in the same run: each
 (row, configuration) is also run natively (``--timed`` times, small and large
 N), its loop timed with the process CPU clock; the factor is the median over
@@ -70,6 +81,13 @@ CHUNK = 16 * 1024
 # The plugin with OTEL_PYTHON_MCP_RESUMPTION_OPERATION_METRIC=false: the POST
 # rows show what the operation metric adds beside what the rest costs.
 NO_OPERATION = "ours, no operation metric"
+
+# The plugin with its state in the Redis of --state (the workers get the URL here).
+STATE = "ours, state"
+STATE_VARIABLE = "MCP_RESUMPTION_BENCH_STATE"
+STATE_KEY = b"benchmark key"
+STATE_ROWS = ("httpx-sse sync", "POST→sse")
+RESUME_ROW = "resume"
 
 # row -> (python, unit, configurations, (small N, large N), quick Ns)
 ROWS: dict[str, tuple[Path, str, tuple[str, ...], tuple[int, int], tuple[int, int]]] = {
@@ -385,8 +403,76 @@ def _preload(row: str) -> None:
         import post_in_process  # noqa: F401
 
 
+RESUME_SERVER = "127.0.0.1:8000"
+RESUME_PATH = "/mcp"
+_resumed = [0]
+
+
+def _resume_cursor(k: int) -> str:
+    return str(1000 + 2 * k)  # a counting scheme: the event after it is one more
+
+
+def _resumes(n: int) -> None:
+    """``n`` resumes, each of a cursor this process never saw (counted on
+    across calls: the warm-up takes the first), each answered by the event
+    after it."""
+    import httpcore
+    import httpx
+    import httpx_sse
+
+    class Pool:
+        def handle_request(self, request: Any) -> Any:
+            cursor = next(v for k, v in request.headers if k.lower() == b"last-event-id").decode()
+            body = _sse_body(1).replace(b"id: 1\n", f"id: {int(cursor) + 1}\n".encode())
+            return httpcore.Response(200, headers=_stream_headers(), content=iter([body]))
+
+        def close(self) -> None:
+            pass
+
+        def __enter__(self) -> Pool:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    transport = httpx.HTTPTransport()
+    transport._pool = Pool()  # type: ignore[assignment]
+    with httpx.Client(transport=transport) as client:
+        for _ in range(n):
+            cursor = _resume_cursor(_resumed[0])
+            _resumed[0] += 1
+            with httpx_sse.connect_sse(
+                client, "GET", f"http://{RESUME_SERVER}{RESUME_PATH}",
+                headers={**REQUEST_HEADERS, "last-event-id": cursor},
+            ) as source:
+                count = sum(1 for _ in source.iter_sse())
+            assert count == 1, count
+
+
+def seed_records(url: str, n: int) -> None:
+    """The records of the streams the resume row resumes, as another
+    process of the fleet would have left them (natively, before counting)."""
+    from opentelemetry.instrumentation.mcp_resumption.redis_state import RedisStore
+    from opentelemetry.instrumentation.mcp_resumption.shared_state import SharedRecord
+
+    store = RedisStore(url, STATE_KEY, timeout=2.0)
+    for k in range(n + 2):
+        cursor = _resume_cursor(k)
+        store.save(SharedRecord.of(
+            server=RESUME_SERVER, session_id=SESSION, session_hash=store.session_hash(SESSION),
+            path=RESUME_PATH, transport="streamable-http", last_received=cursor,
+            last_consumed=cursor, seen=[(cursor, None)], meanings=None, pending=[],
+            unconsumed_responses=(), primed=False, retry_ms=None, server_closed=False,
+            writer="seed",
+        ))
+    assert store.flush(timeout=30.0), "the records were not written"
+    store.close()
+
+
 def _loop(row: str, n: int, argument: str) -> None:
-    if row == "httpx-sse sync":
+    if row == RESUME_ROW:
+        _resumes(n)
+    elif row == "httpx-sse sync":
         _events_sync(argument, n)
     elif row == "httpx-sse async":
         asyncio.run(_events_async(argument, n))
@@ -420,6 +506,10 @@ def worker(
             stack.enter_context(configured(config))
         elif config == NO_OPERATION:
             stack.enter_context(configured("ours", operation_metric=False))
+        elif config == STATE:
+            stack.enter_context(
+                configured("ours", state=os.environ[STATE_VARIABLE], state_key=STATE_KEY)
+            )
         elif config == "floor":
             _floor(row, stack)
         else:
@@ -575,7 +665,8 @@ def _fmt(value: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rows", action="append", choices=list(ROWS))
+    parser.add_argument("--rows", action="append", choices=[*ROWS, RESUME_ROW])
+    parser.add_argument("--state", metavar="URL", help="also with shared state in this Redis")
     parser.add_argument("--timed", type=int, help="native timed repeats (3; --quick 2)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--ns", type=int, nargs=2, metavar=("SMALL", "LARGE"), help="every row's N")
@@ -590,6 +681,8 @@ def main() -> None:
         worker(row, config, int(n), argument, args.repeats, args.small, args.small_arg)
         return
     SOURCE["src"] = args.src.resolve()
+    if args.state:
+        with_state(args.state)
     valgrind = ensure_valgrind()
     rows = [row for row in ROWS if not args.rows or row in args.rows]
     timed = args.timed or (2 if args.quick else 3)
@@ -605,6 +698,8 @@ def main() -> None:
     try:
         for row in rows:
             python, unit, configs, ns, quick_ns = ROWS[row]
+            if row == RESUME_ROW:
+                seed_records(args.state, max(args.ns or (quick_ns if args.quick else ns)))
             arguments = []
             for n in args.ns or (quick_ns if args.quick else ns):
                 if unit == "event":
@@ -647,6 +742,17 @@ def main() -> None:
             server.close()
         shutil.rmtree(scratch, ignore_errors=True)
     report(rows, args.quick, args.ns, counted, times, started, load)
+
+
+def with_state(url: str) -> None:
+    """``--state``: the configuration with shared state on the rows it can
+    change, and the resume row (its workers inherit the URL)."""
+    os.environ[STATE_VARIABLE] = url
+    for row in STATE_ROWS:
+        python, unit, configs, ns, quick_ns = ROWS[row]
+        ROWS[row] = (python, unit, (*configs, STATE), ns, quick_ns)
+    ROWS[RESUME_ROW] = (MCP2, "resume", ("bare", "httpx-instr", "ours", STATE), (20, 220),
+                        (10, 60))
 
 
 def report(rows, quick, forced, counted, times, started, load) -> None:
@@ -773,6 +879,9 @@ def report(rows, quick, forced, counted, times, started, load) -> None:
                 "reported against bare",
                 "",
             )
+        if STATE in configs:
+            with_state_adds = per[row, STATE] - per[row, "ours"]
+            line(row, STATE, with_state_adds, "ours (what the shared state adds)")
     print("\n| target | verdict |\n|---|---|")
     for row, target, verdict in verdicts:
         print(f"| {row}: {target} | {verdict} |")

@@ -65,8 +65,6 @@ from .forwarding import (
 _logger = logging.getLogger(__name__)
 
 
-
-
 class ProxyApp:
     """The ASGI app: forwards every HTTP request to ``upstream``'s origin.
 
@@ -90,6 +88,7 @@ class ProxyApp:
         poll: float = 0.05,
         resumable: bool = False,
         enforced_errors: Any = None,
+        shared_relays: Any = None,
     ) -> None:
         url = httpx.URL(upstream)
         self.upstream = url
@@ -100,6 +99,9 @@ class ProxyApp:
         self.stream_error = stream_error
         self.poll = poll
         self.relays = new_relays() if resumable else None
+        if self.relays is not None:
+            # The fleet's buffers (shared.SharedRelays), None: this process's.
+            self.relays.shared = shared_relays
         # The client half's ContextVar of the errors it decided where no read
         # was left to raise them into (a stream that ended empty): set in the
         # task that reads, as the MCP SDK patch sets it around its reconnects.
@@ -135,6 +137,15 @@ class ProxyApp:
     # ------------------------------------------------------------ one request
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._request(scope, receive, send)
+        finally:
+            if self.downstream is not None:
+                # The ids this response forwarded, for the rest of the fleet
+                # (queued: nothing waits for Redis here).
+                self.downstream.save()
+
+    async def _request(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await read_body(receive)
         if body is None:
             await respond(send, 413, jsonrpc_error(None, UPSTREAM_ERROR, "request too large"))
@@ -147,6 +158,10 @@ class ProxyApp:
         cursor = decoded_text(header_of(headers, b"last-event-id"))
         resume = cursor is not None and method == "GET"
         if resume and self.downstream is not None:
+            if self.downstream.shared is not None:
+                # A cursor another instance of the fleet forwarded: one
+                # bounded read, off the event loop.
+                await asyncio.to_thread(self.downstream.prefetch, cursor)
             server = scope.get("server") or ("", None)
             outcome = self.downstream.resumed(cursor, session_id, str(server[0]), server[1])
             if outcome == "rejected_by_guard":
@@ -175,6 +190,19 @@ class ProxyApp:
         relay = None
         if resume and self.relays is not None:
             found = self.relays.find(cursor)
+            if found is None and self.relays.shared is not None:
+                # Another instance's relay: followed from Redis, or taken
+                # over where its upstream broke.
+                remote = await asyncio.to_thread(self.relays.shared.find, cursor, session_id)
+                if remote is not None:
+                    after = int(cursor.rsplit(":", 1)[1])
+                    if not remote.upstream_broke():
+                        remote.forwarded = self._forwarded(session_id)
+                        await self._follow(receive, send, remote, after, [])
+                        return
+                    frames = await asyncio.to_thread(remote.read_all, after)
+                    if frames is not None:
+                        found = (self.relays.adopt(remote, frames), after)
             if found is not None:
                 relay, after = found
                 if not (relay.ended and relay.failed and relay.upstream_last_id):
@@ -225,8 +253,8 @@ class ProxyApp:
                 await self._follow(receive, send, relay, after, [])
                 return
             if self.relays is not None and is_sse(response):
-                relay = self.relays.new()
                 session = decoded_text(header_of(list(response.headers.raw), b"mcp-session-id"))
+                relay = self.relays.new(session or session_id)
                 start_headers = end_to_end(list(response.headers.raw), b"content-length")
                 status = response.status_code
                 resumable.start(relay, response, self._forwarded(session or session_id))
@@ -249,7 +277,7 @@ class ProxyApp:
         self,
         receive: Receive,
         send: Send,
-        relay: resumable.Relay,
+        relay: resumable.Relay | Any,
         after: int,
         headers: list[tuple[bytes, bytes]],
         status: int = 200,
@@ -325,10 +353,11 @@ class ProxyApp:
             response.stream, ignore if enforced else out.write,
             MAX_EVENT_BYTES if sse else None,
         )
+        ids = self.downstream.response(session) if self.downstream is not None else None
         if enforced:
-            pump = self._enforced_events(response, session, out, pending)
+            pump = self._enforced_events(response, session, out, pending, ids)
         elif sse:
-            pump = self._events(response, session)
+            pump = self._events(response, session, ids)
         elif content_type == b"application/json" and is_small(raw_headers):
             pump = response.aread()
         else:
@@ -386,6 +415,8 @@ class ProxyApp:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
+            if ids is not None and self.downstream is not None:
+                self.downstream.save(ids)  # queued for the fleet
 
     async def _fail(self, out: RequestBody, pending: enforce.Pending, message: str) -> None:
         with contextlib.suppress(ClientGone):
@@ -403,6 +434,7 @@ class ProxyApp:
     async def _enforced_events(
         self, response: httpx.Response, session: str | None, out: RequestBody,
         pending: enforce.Pending,
+        ids: Any = None,
     ) -> None:
         downstream, ledger = self.downstream, self.ledger
         decided: list[BaseException] = []
@@ -415,7 +447,9 @@ class ProxyApp:
             pending.answered(event.data)
             if event_id and event_id != last:
                 if downstream is not None:
-                    downstream.forwarded(event_id, session)
+                    downstream.forwarded(event_id, session, ids)
+                if ids is not None:
+                    ids.last = event_id
                 if ledger is not None:
                     ledger.forwarded(event_id, pending)
             last = event_id
@@ -427,7 +461,9 @@ class ProxyApp:
             raise error if isinstance(error, ResumptionGapError) else ResumptionGapError(
                 str(error))
 
-    async def _events(self, response: httpx.Response, session: str | None) -> None:
+    async def _events(
+        self, response: httpx.Response, session: str | None, ids: Any = None
+    ) -> None:
         """Drive the SSE parse the client half observes, and remember each id
         forwarded for the downstream leg."""
         downstream = self.downstream
@@ -435,6 +471,8 @@ class ProxyApp:
         async for event in EventSource(response).aiter_sse():
             event_id = event.id
             if event_id and event_id != last and downstream is not None:
-                downstream.forwarded(event_id, session)
+                downstream.forwarded(event_id, session, ids)
+                if ids is not None:
+                    ids.last = event_id
             last = event_id
 

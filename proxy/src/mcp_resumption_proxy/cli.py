@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
     import uvicorn
 
+    from . import shared
     from .app import ProxyApp
     from .downstream import DownstreamView
 
@@ -139,13 +140,19 @@ def main(argv: list[str] | None = None) -> int:
         # them for the client's resume: one or the other.
         print("mcp-resumption-proxy: --resumable runs in observe mode only", file=sys.stderr)
         return 2
+    # With OTEL_PYTHON_MCP_RESUMPTION_STATE the client half's store is shared
+    # by the fleet; the downstream leg's cursors go through it too.
+    store = shared.store_of(processor)
     app = ProxyApp(
         args.upstream,
-        downstream=DownstreamView.for_leg(),
+        downstream=DownstreamView.for_leg(
+            shared=None if store is None else shared.SharedCursors(store, args.upstream)
+        ),
         enforce=enforcing,
         stream_error=stream_errors(processor) if enforcing else None,
         resumable=args.resumable,
         enforced_errors=processor.enforced_errors if enforcing else None,
+        shared_relays=None if store is None or not args.resumable else shared.SharedRelays(store),
     )
     host, port = args.listen
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -9,12 +9,17 @@ proxy in this session (``replayed``: handed on, the upstream leg judges what
 the server replays), one of another session (``other_session``), or one the
 proxy never forwarded (``unknown_cursor``: a restarted proxy, or a cursor from
 elsewhere; nothing on this leg can vouch for what follows it).
+
+With shared state (``shared.SharedCursors``) "this proxy" is the fleet: the
+ids forwarded here are written at each response's end, and a cursor this
+instance never forwarded is looked up (``prefetch``, once per resume) before
+it is judged.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 from opentelemetry.instrumentation.mcp_resumption import config
@@ -29,19 +34,40 @@ from . import legs
 # As the server half remembers per store: enough for every live stream's
 # recent cursors, a fixed cost for an endless one.
 MAX_REMEMBERED = 65_536
+# Ids waiting for the next write to the fleet, and the fleet's ids looked up.
+MAX_UNSAVED = 4096
 _UNSET = object()
+
+
+class ResponseIds:
+    """The ids one upstream response's events were forwarded with (the last
+    ones, bounded), and the last id the proxy read on it: what its client
+    half's record of that stream is keyed by in the shared state."""
+
+    __slots__ = ("ids", "last", "session")
+
+    def __init__(self, session: str | None) -> None:
+        self.session = session
+        self.ids: deque[str] = deque(maxlen=MAX_UNSAVED)
+        self.last: str | None = None
 
 
 class DownstreamView:
     """Cursors the proxy forwarded, and each client resume judged against them."""
 
-    def __init__(self, observer: ServerObserver | None) -> None:
+    def __init__(self, observer: ServerObserver | None, shared: Any = None) -> None:
         self.observer = observer
         self._ids: OrderedDict[str, str | None] = OrderedDict()
         self._lock = threading.Lock()
+        # The fleet's ids (``shared.SharedCursors``), None: this process only.
+        self.shared = shared
+        # Forwarded here since the last write to the fleet (bounded).
+        self._unsaved: OrderedDict[str, str | None] = OrderedDict()
+        # Cursors the fleet forwarded, looked up here: cursor -> session hash.
+        self._fleet: OrderedDict[str, str] = OrderedDict()
 
     @classmethod
-    def for_leg(cls, **providers: Any) -> DownstreamView:
+    def for_leg(cls, shared: Any = None, **providers: Any) -> DownstreamView:
         wrapped = legs.providers(legs.CLIENT_PROXY, **providers)
         observer = ServerObserver(
             meter_provider=wrapped["meter_provider"],
@@ -52,10 +78,17 @@ class DownstreamView:
             # the proxy cannot vouch for with 410 Gone.
             guard=config.load_server_guard(None),
         )
-        return cls(observer)
+        return cls(observer, shared)
 
-    def forwarded(self, event_id: str, session_id: str | None) -> None:
-        """An event with ``event_id`` crossed the proxy to a client of ``session_id``."""
+    def response(self, session_id: str | None) -> ResponseIds | None:
+        """What one upstream response forwards, for the fleet (None: no fleet)."""
+        return None if self.shared is None else ResponseIds(session_id)
+
+    def forwarded(
+        self, event_id: str, session_id: str | None, response: ResponseIds | None = None
+    ) -> None:
+        """An event with ``event_id`` crossed the proxy to a client of
+        ``session_id``, on ``response`` (None: a relay's)."""
         ids = self._ids
         with self._lock:
             if event_id in ids:
@@ -63,11 +96,61 @@ class DownstreamView:
             ids[event_id] = session_id
             if len(ids) > MAX_REMEMBERED:
                 ids.popitem(last=False)
+            if response is not None:
+                response.ids.append(event_id)
+            elif self.shared is not None:
+                unsaved = self._unsaved
+                unsaved[event_id] = session_id
+                if len(unsaved) > MAX_UNSAVED:
+                    unsaved.popitem(last=False)
+
+    def save(self, response: ResponseIds | None = None) -> None:
+        """A response ended: the ids it forwarded (and the relays' since the
+        last write) go to the fleet, queued for the store's writer thread."""
+        if self.shared is None:
+            return
+        if response is not None and response.ids:
+            self.shared.save([(i, response.session) for i in response.ids], response.last)
+        with self._lock:
+            if not self._unsaved:
+                return
+            forwarded = list(self._unsaved.items())
+            self._unsaved.clear()
+        self.shared.save(forwarded)
+
+    def prefetch(self, cursor: str) -> None:
+        """Before a resume from ``cursor`` is judged: a cursor this instance
+        never forwarded is looked up in the fleet's (one bounded read; made
+        off the event loop by the caller)."""
+        if self.shared is None:
+            return
+        with self._lock:
+            if cursor in self._ids or cursor in self._fleet:
+                return
+        found = self.shared.session_of(cursor)
+        if found is None:
+            return
+        session_hash, last = found
+        if last is not None:
+            # The instance that forwarded it read its stream further than
+            # the client got (up to ``last``): its client half's record of
+            # that stream is found under ``last``, as of this cursor.
+            self.shared.store.alias(cursor, last)
+        with self._lock:
+            self._fleet[cursor] = session_hash
+            if len(self._fleet) > MAX_UNSAVED:
+                self._fleet.popitem(last=False)
 
     def judge(self, cursor: str, session_id: str | None) -> str:
         """The downstream outcome of a resume from ``cursor`` in ``session_id``."""
         with self._lock:
             known = self._ids.get(cursor, _UNSET)
+            fleet = self._fleet.get(cursor) if known is _UNSET else None
+        if known is _UNSET and fleet is not None:
+            # Forwarded by another instance: its session by the keyed hash.
+            if fleet != self.shared.session_hash(session_id):
+                return sc.SERVER_OTHER_SESSION
+            return sc.SERVER_REPLAYED
         if known is _UNSET:
             return sc.SERVER_UNKNOWN_CURSOR
         if known != session_id:

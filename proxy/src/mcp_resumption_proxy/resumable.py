@@ -13,6 +13,18 @@ ids gets every event after it once, in order.  When the upstream stream
 itself breaks, the relay remembers the upstream's last id and resumes the
 upstream with it on the client's next resume (the proxy wraps the upstream's
 ids rather than hides them).
+
+With shared state (``SharedRelays``) a relay's events are also written to
+Redis, so that a client whose resume lands on another instance of a fleet
+gets them there: each event is queued (a deque append: no Redis call on the
+per-event path) and the store's writer thread writes what queued since its
+last round trip, one Redis stream per relay (``XADD``, trimmed to
+``MAX_EVENTS``), and the relay's state (its session's keyed hash, its last
+number, ended, failed, the upstream's last id) beside it.  The instance the
+client reaches reads the events after its cursor from there, and follows
+the stream while the first instance reads on; where the upstream broke, it
+resumes the upstream itself with the upstream's last id, into a relay of
+the same key.  Payloads are written to Redis only here.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ import secrets
 import threading
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from httpx_sse import EventSource
@@ -38,14 +50,18 @@ MAX_EVENT_BYTES = 16 * 1024 * 1024
 # How long a relay reads on without a client before it lets the upstream go.
 LINGER = 30.0
 
+if TYPE_CHECKING:
+    from .shared import SharedBuffer, SharedRelays
+
 _PROXY_ID = re.compile(r"^(p[0-9a-f]{8}-[0-9]+):([0-9]+)$")
 
 
 class Relay:
     """One upstream SSE stream, numbered and kept for its clients."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, shared: SharedBuffer | None = None) -> None:
         self.key = key
+        self.shared = shared
         self.frames: deque[tuple[int, bytes]] = deque()
         self.size = 0
         self.last = 0  # the number of the last event added
@@ -74,10 +90,14 @@ class Relay:
             self.size -= len(dropped)
         if event.id:
             self.upstream_last_id = event.id
+        if self.shared is not None:
+            self.shared.added(self, self.last, frame)
         self._wake()
 
     def end(self, failed: bool) -> None:
         self.ended, self.failed = True, failed
+        if self.shared is not None:
+            self.shared.changed(self)
         self._wake()
 
     def _wake(self) -> None:
@@ -120,16 +140,24 @@ class Relay:
 
 
 class Relays:
-    """The relays by key, bounded: the oldest ended ones go first."""
+    """The relays by key, bounded: the oldest ended ones go first.
+    ``shared``: the fleet's buffers (``SharedRelays``), None: this process's."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: SharedRelays | None = None) -> None:
         self._relays: OrderedDict[str, Relay] = OrderedDict()
         self._prefix = secrets.token_hex(4)
         self._count = itertools.count(1)
         self._lock = threading.Lock()
+        self.shared = shared
 
-    def new(self) -> Relay:
-        relay = Relay(f"p{self._prefix}-{next(self._count)}")
+    def new(self, session: str | None = None, key: str | None = None) -> Relay:
+        key = key or f"p{self._prefix}-{next(self._count)}"
+        shared = None if self.shared is None else self.shared.buffer(key, session)
+        relay = Relay(key, shared)
+        self._add(relay)
+        return relay
+
+    def _add(self, relay: Relay) -> None:
         with self._lock:
             self._relays[relay.key] = relay
             while len(self._relays) > MAX_RELAYS:
@@ -140,6 +168,22 @@ class Relays:
                     if gone.task is not None:
                         gone.task.cancel()
                 del self._relays[key]
+
+    def adopt(self, remote: Any, frames: list[tuple[int, bytes]]) -> Relay:
+        """A relay another instance read until its upstream broke, taken
+        over here under the same key: its events after the client's cursor
+        (``frames``, from Redis), numbered on from its last; the caller
+        resumes the upstream with the upstream's last id into it."""
+        relay = Relay(remote.key)
+        if self.shared is not None:
+            relay.shared = self.shared.buffer(remote.key, remote.session)
+            relay.shared.written = remote.last
+        relay.frames.extend(frames)
+        relay.size = sum(len(frame) for _, frame in frames)
+        relay.last = remote.last
+        relay.upstream_last_id = remote.upstream_last_id()
+        relay.ended = relay.failed = True
+        self._add(relay)
         return relay
 
     def find(self, cursor: str) -> tuple[Relay, int] | None:

@@ -196,6 +196,8 @@ class RedisStore(InFlightLedger):
         self._save_script = self._client.register_script(_SAVE)
         self._key = key
         self._session_hashes: dict[str, str] = {}
+        # Cursor -> the hash of the id a proxy's record is under (``alias``).
+        self._aliases: dict[str, str] = {}
         self._ttl = ttl
         self._on_fallback = on_fallback
         self._on_lost = on_lost
@@ -216,7 +218,8 @@ class RedisStore(InFlightLedger):
         # This process, as records name their writer.
         self.writer = uuid.uuid4().hex[:16]
         # Records, and the in-flight ledger's operations: ("del", server,
-        # fields), ("sweep", server), ("forget", ""), ("now", "").
+        # fields), ("sweep", server), ("forget", ""), ("now", ""), and the
+        # proxy's own writes ("call", write).
         self._queue: collections.deque[SharedRecord | tuple] = collections.deque()
         self._wake = threading.Condition()
         self._closed = False
@@ -299,6 +302,13 @@ class RedisStore(InFlightLedger):
             keys = [self.record_key(server, cursor)]
             if session_hash is not None:
                 keys.insert(0, self.record_key(server, cursor, session_hash))
+            direct = len(keys)
+            target = self._aliases.get(cursor)
+            if target is not None:
+                prefix = f"{KEY_PREFIX}:c:{keyed_hash(self._key, server)}:"
+                if session_hash is not None:
+                    keys.append(f"{prefix}{session_hash}:{target}")
+                keys.append(f"{prefix}-:{target}")
             pipe = self._client.pipeline(transaction=False)
             for key in keys:
                 pipe.hget(key, "record")
@@ -307,11 +317,56 @@ class RedisStore(InFlightLedger):
             self._failed("read", error)
             return None
         self._succeeded()
-        for raw in found:
+        for position, raw in enumerate(found):
             record = SharedRecord.decode(raw)
             if record is not None and record.server == server:
-                return record
+                return record if position < direct else record.as_of(cursor)
         return None
+
+    # ------------------------------------------------------------ the proxy's
+
+    def key_hash(self, text: str) -> str:
+        """``text`` under the shared key, as keys name it."""
+        return keyed_hash(self._key, text)
+
+    def alias(self, cursor: str, target_hash: str) -> None:
+        """A proxy of the fleet forwarded ``cursor`` from an upstream stream
+        its instance read further, to the id whose hash is ``target_hash``:
+        the record of that stream, under that id, is the stream as of
+        ``cursor`` (``lookup``).  In this process's memory, bounded."""
+        aliases = self._aliases
+        if len(aliases) >= SESSION_HASH_CACHE:
+            aliases.clear()
+        aliases[cursor] = target_hash
+
+    def key(self, kind: str, *parts: str) -> str:
+        """A key of the proxy's (``mcp-resumption-proxy``: its downstream
+        cursors, its resumable buffers), every part the keyed hash: no raw
+        session id, cursor or server is ever part of a key."""
+        return ":".join([KEY_PREFIX, kind, *(keyed_hash(self._key, part) for part in parts)])
+
+    def submit(self, write: Callable[[Any], None]) -> None:
+        """Queue ``write(pipeline)`` for the writer thread, in the round trip
+        of whatever else is queued; never blocks, never raises."""
+        self._enqueue(("call", write))
+
+    def call(self, operation: Callable[[Any], Any], kind: str = "read") -> Any:
+        """``operation(client)`` now, on the caller's thread: bounded by the
+        timeout and behind the breaker; ``None`` when it fell back (counted
+        as ``kind``)."""
+        if not self._allowed(kind):
+            return None
+        try:
+            if kind == "read":
+                self.reads += 1
+            else:
+                self.writes += 1
+            result = operation(self._client)
+        except Exception as error:  # any fault of the store: memory goes on
+            self._failed(kind, error)
+            return None
+        self._succeeded()
+        return result
 
     # ------------------------------------------------------------ writes
 
@@ -406,6 +461,8 @@ class RedisStore(InFlightLedger):
                         self._ledger_ops(pipe, ("del", server, sorted(fields)))
                 elif item[0] == "now":
                     self._write_held(pipe, everything=True)
+                elif item[0] == "call":
+                    item[1](pipe)  # the proxy's own writes (``submit``)
                 elif item[0] != "sweep":
                     self._ledger_ops(pipe, item)
             self._write_held(pipe)

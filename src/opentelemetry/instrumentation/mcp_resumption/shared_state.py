@@ -213,6 +213,22 @@ class SharedRecord:
         copy.meanings = meanings
         return copy
 
+    def as_of(self, cursor: str) -> SharedRecord:
+        """This stream as a client that got it up to ``cursor`` saw it (a
+        proxy read it further than its client got): ``cursor`` its last
+        received and consumed id, the seen window cut after it, and nothing
+        of what came after it (the requests it answered later are not known
+        to be in flight: the restored session counts its ledger unknown)."""
+        copy = SharedRecord(**{**self.__dict__})
+        copy.last_received = copy.last_consumed = cursor
+        ids = [event_id for event_id, _ in self.seen]
+        if cursor in ids:
+            copy.seen = self.seen[: ids.index(cursor) + 1]
+        copy.pending = {}
+        copy.unconsumed_responses = ()
+        copy.server_closed = False
+        return copy
+
     def encode(self) -> bytes:
         document = {
             "v": VERSION,
