@@ -18,8 +18,8 @@ from tracker_scenarios import (
     SERVER,
     break_stream,
     notification,
-    resume,
     result,
+    resume,
     seed_000_ids,
     tools_call,
 )
@@ -31,8 +31,9 @@ CURSOR = "4819"
 def test_a_faithful_replay_from_behind_the_end_is_resumed():
     t = Tracker()
     break_stream(t, seed_000_ids())
-    run = resume(t, CURSOR, [("4820", notification(3)), ("4821", notification(4)),
-                             ("4822", notification(5))])
+    run = resume(
+        t, CURSOR, [("4820", notification(3)), ("4821", notification(4)), ("4822", notification(5))]
+    )
     assert run.kinds == set()
     assert run.outcome == "resumed"
     assert run.final_outcome == "resumed"
@@ -51,8 +52,9 @@ def test_an_answer_read_past_the_cursor_is_replayed_without_a_gap():
 def test_a_request_still_pending_is_answered_by_the_replay():
     t = Tracker()
     break_stream(t, seed_000_ids(), posted=[tools_call(7)])
-    run = resume(t, CURSOR, [("4820", notification(3)), ("4821", notification(4)),
-                             ("4822", result(7, 5))])
+    run = resume(
+        t, CURSOR, [("4820", notification(3)), ("4821", notification(4)), ("4822", result(7, 5))]
+    )
     assert run.kinds == set()
     assert run.final_outcome == "resumed"
 
