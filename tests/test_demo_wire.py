@@ -730,3 +730,24 @@ def test_proxy_resumable_serves_the_resume_from_the_proxy(run: _Run) -> None:
         assert numbers == list(range(1, len(numbers) + 1)), by_stream
     data = [e.data for x in wire.exchanges for e in x.events if "notifications/progress" in e.data]
     assert len(data) == len(set(data)) == 3, data
+
+
+def test_proxy_cut_client_resumes_from_behind_what_the_proxy_read(run: _Run) -> None:
+    """The client's router read the proxy's answer on after the cut: the proxy
+    forwarded the whole answer, its client got the first progress only.  The
+    proxy's resume upstream names the client's cursor, behind the end of the
+    stream the proxy read, and the server replays those same events: resumed
+    on proxy_server (before the tracker bound such cursors: unverifiable)."""
+    wire = run.wires["proxy_cut_client"]
+    [cut] = [x for x in wire.exchanges if x.severed]
+    [call] = [x for x in wire.upstream_exchanges if x.request.jsonrpc_method == "tools/call"]
+    got = [e.id for e in cut.events if e.id]
+    read = [e.id for e in call.events if e.id]
+    assert read[: len(got)] == got and len(read) > len(got), (got, read)
+    [resume] = [x for x in wire.upstream_exchanges if x.last_event_id_sent]
+    assert resume.last_event_id_sent == got[-1]
+    replayed = {e.id: e.data for e in resume.events if e.id}
+    assert [i for i in read[len(got) :] if i in replayed] == read[len(got) :]
+    assert all(replayed[e.id] == e.data for e in call.events[len(cut.events) :] if e.id)
+    assert wire.legs == wire.legs_on_the_wire
+    assert wire.legs[f"proxy_server|{semconv.ATTEMPTS[0]}|resumed"] == 1

@@ -53,10 +53,6 @@ from .servers import IntEventStore, sdk_streamable_app
 __all__ = ["SCENARIOS"]
 
 _STEPS: Final = 3
-# Between the server's steps: the proxy reads the server's stream as it
-# comes, so without a pause it would hold the whole answer before the client's
-# cut, and the client's resume would start behind what the proxy already read.
-_PAUSE_MS: Final = 50
 _START_TIMEOUT_S: Final = 10.0
 _SCOPE: Final = "opentelemetry.instrumentation.mcp_resumption"
 # What the proxy counts, by leg, that the routers' logs also give.
@@ -160,15 +156,18 @@ def _after_progress(event: ForwardedEvent) -> bool:
     return "notifications/progress" in event.data
 
 
-def _cuts_first_call(backend: Backend) -> Any:
+def _cuts_first_call(backend: Backend, *, drain: bool = False) -> Any:
     """Cut the first tools/call's stream right after its first progress
-    notification (whatever priming event the server or the proxy sent)."""
+    notification (whatever priming event the server or the proxy sent).
+    ``drain``: the router then reads the rest of the answer to its end, as a
+    connection that died on the client's side only: the one behind it (the
+    proxy) forwards the whole answer, past what its client got."""
     cut: list[RequestHead] = []
 
     def policy(request: RequestHead) -> Route:
         if request.method == "POST" and request.jsonrpc_method == "tools/call" and not cut:
             cut.append(request)
-            return Route(backend, sever_after=_after_progress)
+            return Route(backend, sever_after=_after_progress, drain_upstream=drain)
         return Route(backend)
 
     return policy
@@ -178,6 +177,13 @@ def _answers(exchange: Exchange, request_id: object) -> bool:
     return any(response_id(WireEvent(e.id, e.event, e.data)) == request_id for e in exchange.events)
 
 
+def _faithful(stream: Exchange, resume: Exchange) -> bool:
+    """Every event of ``resume`` whose id ``stream`` carried before carries
+    the same data again."""
+    read = {e.id: e.data for e in stream.events if e.id is not None}
+    return all(read.get(e.id, e.data) == e.data for e in resume.events if e.id is not None)
+
+
 def _legs_on_the_wire(client_leg: list[Exchange], upstream_leg: list[Exchange]) -> dict[str, int]:
     """What the proxy must count on each leg, from the routers' logs.
 
@@ -185,8 +191,10 @@ def _legs_on_the_wire(client_leg: list[Exchange], upstream_leg: list[Exchange]) 
     when its Last-Event-ID is one the proxy sent this client before, else
     ``unknown_cursor``. ``proxy_server``: each resume the proxy made to the
     server is ``resumed`` when it was answered (200) with the answer to the
-    call whose stream carried its Last-Event-ID (anything else is left
-    unmodelled: the row fails rather than guess); each call whose stream the
+    call whose stream carried its Last-Event-ID, and every event it replayed
+    that the proxy had read before (a cursor behind what the proxy read)
+    came back with the same data (anything else is left unmodelled: the row
+    fails rather than guess); each call whose stream the
     upstream router cut has the fate ``answered`` when a later exchange
     carried its answer, else ``lost``.
     """
@@ -213,32 +221,40 @@ def _legs_on_the_wire(client_leg: list[Exchange], upstream_leg: list[Exchange]) 
                 (x for x in upstream_leg[:index] if any(e.id == cursor for e in x.events)), None
             )
             request_id = (stream.request.jsonrpc or {}).get("id") if stream else None
-            ok = exchange.status == 200 and stream is not None and _answers(exchange, request_id)
+            ok = (
+                exchange.status == 200
+                and stream is not None
+                and _answers(exchange, request_id)
+                and _faithful(stream, exchange)
+            )
             count(sc.LEG_PROXY_SERVER, sc.ATTEMPTS[0], "resumed" if ok else "unmodelled")
     return truth
 
 
 @contextlib.asynccontextmanager
 async def _proxied(
-    *, store: bool, cut: str, proxy_args: tuple[str, ...] = ()
+    *, store: bool, cut: str, proxy_args: tuple[str, ...] = (), drain: bool = False
 ) -> AsyncIterator[tuple[Router, Router, _Proxy]]:
     """The SDK server (with or without an event store), a router before it
     (the upstream leg), the proxy, and the client's router in front of the
-    proxy (the scenario's router); ``cut``: ``upstream`` or ``client``."""
+    proxy (the scenario's router); ``cut``: ``upstream`` or ``client``;
+    ``drain``: the cutting router reads the answer on (``_cuts_first_call``)."""
     async with _staged() as stage:
         server = await stage.serve(
             "sdk-stateful" if store else "sdk-no-store",
             sdk_streamable_app(event_store=IntEventStore() if store else None),
         )
         upstream = await Router(
-            _cuts_first_call(server) if cut == "upstream" else lambda r: Route(server)
+            _cuts_first_call(server, drain=drain) if cut == "upstream" else lambda r: Route(server)
         ).start()
         try:
             proxy = await asyncio.to_thread(_Proxy, f"{upstream.url}/mcp", *proxy_args)
             try:
                 backend = Backend(name="proxy", port=proxy.port)
                 client = await stage.route(
-                    _cuts_first_call(backend) if cut == "client" else lambda r: Route(backend)
+                    _cuts_first_call(backend, drain=drain)
+                    if cut == "client"
+                    else lambda r: Route(backend)
                 )
                 yield client, upstream, proxy
             finally:
@@ -250,15 +266,17 @@ async def _proxied(
             await upstream.close()
 
 
-async def _proxied_row(name: str, *, store: bool, cut: str, resumable: bool) -> ScenarioWire:
+async def _proxied_row(
+    name: str, *, store: bool, cut: str, resumable: bool, drain: bool = False
+) -> ScenarioWire:
     args = ("--resumable",) if resumable else ()
     wire = ScenarioWire(name, MCP_MAJOR, transport_before="streamable-http")
     async with (
-        _proxied(store=store, cut=cut, proxy_args=args) as (client, upstream, proxy),
+        _proxied(store=store, cut=cut, proxy_args=args, drain=drain) as (client, upstream, proxy),
         sdk_streamable_session(f"{client.url}/mcp") as session,
     ):
         wire.tool_result = await session.call_tool(
-            "slow", {"steps": _STEPS, "pause_ms": _PAUSE_MS}, read_timeout=_GUARD_TIMEOUT_S
+            "slow", {"steps": _STEPS}, read_timeout=_GUARD_TIMEOUT_S
         )
     exchanges = client.exchanges
     call = next(x for x in exchanges if x.request.jsonrpc_method == "tools/call")
@@ -284,7 +302,11 @@ async def _proxy_cut_upstream() -> ScenarioWire:
 
 
 async def _proxy_cut_client() -> ScenarioWire:
-    return await _proxied_row("proxy_cut_client", store=True, cut="client", resumable=False)
+    # The client's router reads the proxy's answer on after the cut: the proxy
+    # has forwarded the whole answer, and the client resumes from behind it.
+    return await _proxied_row(
+        "proxy_cut_client", store=True, cut="client", resumable=False, drain=True
+    )
 
 
 async def _proxy_resumable_no_store() -> ScenarioWire:
@@ -317,9 +339,11 @@ SCENARIOS = (
         happened=(
             f"Through the proxy in observe mode: {_PATH} (event store). The client's router "
             "cuts the call's stream between client and proxy after the priming event and the "
-            "first progress notification; the proxy closes its upstream stream. The client's "
-            "resume reaches the server through the proxy, which counts it replayed on "
-            "client_proxy; the server replays and the answer arrives."
+            "first progress notification, and reads the rest on: the proxy forwarded the whole "
+            "answer, its client got the first progress only. The client's resume, from behind "
+            "what the proxy read, reaches the server through the proxy, which counts it "
+            "replayed on client_proxy; the server replays the same events the proxy read, and "
+            "the answer arrives: resumed on proxy_server."
         ),
         expected_gaps=(),
         expected_outcome="resumed",

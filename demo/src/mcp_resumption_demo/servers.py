@@ -427,18 +427,14 @@ def _register_tools(server: Any) -> None:
         return text
 
     @server.tool()
-    async def slow(ctx: _Context, steps: int = 3, pause_ms: int = 0) -> str:  # type: ignore[type-arg]
+    async def slow(ctx: _Context, steps: int = 3) -> str:  # type: ignore[type-arg]
         """Report progress per step, then answer: a stream to sever mid-call.
 
         Progress rather than log lines: mcp 2.x deprecates server logging, and a
         progress notification goes out whenever the client sent a progressToken.
-        ``pause_ms`` after each step: a cut between client and a proxy then
-        falls before the proxy has read the rest from the server.
         """
         for step in range(1, steps + 1):
             await ctx.report_progress(step, steps, f"step {step}/{steps}")
-            if pause_ms:
-                await asyncio.sleep(pause_ms / 1000)
         return f"slow finished {steps} steps"
 
     @server.tool()
