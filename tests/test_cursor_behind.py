@@ -150,3 +150,31 @@ def test_a_resume_from_behind_the_end_would_settle_the_calls_in_flight():
     t = Tracker()
     break_stream(t, seed_000_ids(), posted=[tools_call(7)])
     assert t.awaits_answers(SERVER, CURSOR, "s-1")
+
+
+def test_a_second_resume_from_the_same_cursor_behind_the_end_is_judged_again():
+    """The first resume from behind the end replayed what was read, then one
+    new event, and broke; the client, still behind, resumes again from the
+    same cursor: the stream and its resume are one lineage, and the resume
+    is bound to its latest stream."""
+    t = Tracker()
+    break_stream(t, seed_000_ids())
+    first = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id=CURSOR)
+    t.response(first, 200, "s-1")
+    for event_id, n in (("4820", 3), ("4821", 4), ("4822", 5)):
+        t.event_consumed(first)
+        t.event_received(first, event_id, notification(n))
+    t.event_consumed(first)
+    t.stream_ended(first, "reset again")
+    run = resume(
+        t,
+        CURSOR,
+        [
+            ("4820", notification(3)),
+            ("4821", notification(4)),
+            ("4822", notification(5)),
+            ("4823", notification(6)),
+        ],
+    )
+    assert run.kinds == set()
+    assert run.outcome == "resumed"

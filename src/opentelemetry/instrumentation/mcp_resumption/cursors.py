@@ -218,11 +218,12 @@ class CursorIndex:
         """The stream of the named session whose end is past ``cursor``, an
         id the session provably saw (in its seen window) that is no stream's
         last: a client behind what was read for it (a proxy reads on after
-        its client's leg is cut).  The one such stream only: one whose last
-        id orders after the cursor under the session's counting scheme, or,
-        where the ids prove no order, the session's only stream that
-        received events.  None where that is not one stream: the resume
-        stays unverifiable rather than bound by a guess."""
+        its client's leg is cut).  Bound only where one lineage could have
+        issued it: the session's streams that received events, less those
+        whose last id orders before the cursor under the session's counting
+        scheme, all of one lineage (a stream and its resumes); its most
+        recent stream, as for a cursor that is a stream's last.  Else None:
+        the resume stays unverifiable rather than bound by a guess."""
         if session_id is None:
             return None  # a sessionless id binds to no session's history
         session = self.sessions.get(session_key(server, session_id, None))
@@ -232,16 +233,15 @@ class CursorIndex:
         parsed = parse(cursor)
         at = corroborated(parsed, session.seen) if parsed is not None else None
         found: Stream | None = None
-        for stream in self.streams.values():
+        for stream in self.streams.values():  # least recently used first
             last = stream.last_received
             if stream.session is not session or last is None or last == cursor:
                 continue
             if at is not None:
                 end = parse(last)
-                order = compare_event_ids(at, end) if end is not None else None
-                if order == 1:
+                if end is not None and compare_event_ids(at, end) == 1:
                     continue  # ended before the cursor: not where it was issued
-            if found is not None:
-                return None  # two could have issued it
+            if found is not None and found.lineage != stream.lineage:
+                return None  # two streams could have issued it
             found = stream
         return found
