@@ -25,7 +25,7 @@ from pathlib import Path
 from helpers import clean_env, console_metrics, stop_process
 from mcp_resumption_demo.loopback import LoopbackServer
 from mcp_resumption_demo.router import Backend
-from wire import CutRoute, Fleet, WireRouter
+from wire import CutRoute, Fleet, WireRouter, is_progress
 
 SCOPE = "opentelemetry.instrumentation.mcp_resumption"
 LEG = "mcp.resumption.leg"
@@ -172,18 +172,22 @@ class Stack:
 class CuttingFleet(Fleet):
     """wire.Fleet, cutting the first tools/call after the first event
     ``cut_after`` accepts (a client without a progress callback, such as the
-    TypeScript client of client.mjs, gets no progress event to cut after)."""
+    TypeScript client of client.mjs, gets no progress event to cut after);
+    ``drain``: after its progress, reading the backend's answer to its end."""
 
-    def __init__(self, backend: Backend, *, cut_after=None, **kwargs) -> None:
+    def __init__(self, backend: Backend, *, cut_after=None, drain: bool = False,
+                 **kwargs) -> None:
         super().__init__(backend, **kwargs)
         self.cut_after = cut_after
+        self.drain = drain
 
     async def __call__(self, request):
-        if self.cut_after is not None and self.cut and (
+        if (self.cut_after is not None or self.drain) and self.cut and (
             request.jsonrpc_method == "tools/call"
         ):
             self.cut = False
-            return CutRoute(self.backend, cut_after=self.cut_after)
+            return CutRoute(self.backend, cut_after=self.cut_after or is_progress,
+                            drain_upstream=self.drain)
         return await super().__call__(request)
 
 
@@ -204,8 +208,10 @@ def is_priming(event) -> bool:
 @contextlib.asynccontextmanager
 async def stack(app, *, cut_upstream: bool = False, cut_client: bool = False,
                 path: str = "/mcp", proxy_args: tuple[str, ...] = (), at_resume=None,
-                cut_after=None, **proxy_kwargs):
-    """``app`` on a loopback server, or (an int) a server already on that port."""
+                cut_after=None, drain_client: bool = False, **proxy_kwargs):
+    """``app`` on a loopback server, or (an int) a server already on that port.
+    ``drain_client``: the client's router, having cut the client's leg, reads
+    the proxy's answer to its end (the proxy forwards past the client's cursor)."""
     backend = None if isinstance(app, int) else await LoopbackServer(app, name="sdk").astart()
     port = app if backend is None else backend.port
     upstream = await RawRouter(
@@ -215,7 +221,8 @@ async def stack(app, *, cut_upstream: bool = False, cut_client: bool = False,
     running = await asyncio.to_thread(Proxy, upstream.url + path, *proxy_args, **proxy_kwargs)
     proxy_port = int(running.origin.rsplit(":", 1)[1])
     client_router = await RawRouter(
-        CuttingFleet(Backend("proxy", proxy_port), cut=cut_client, cut_after=cut_after)
+        CuttingFleet(Backend("proxy", proxy_port), cut=cut_client, cut_after=cut_after,
+                     drain=drain_client)
     ).start()
     try:
         yield Stack(client_router, upstream, running, client_router.url + path)

@@ -24,6 +24,7 @@ for _module in ("mcp", "starlette", "uvicorn"):
 from mcp_resumption_demo.clients import (  # noqa: E402
     MCP_MAJOR,
     SDK_MAX_RECONNECTION_ATTEMPTS,
+    WireEvent,
     response_id,
     sdk_legacy_session,
 )
@@ -113,6 +114,9 @@ def test_scenarios_carry_design_names() -> None:
         "reissue_ran_twice",
         "bridge_cut_lost",
         "subscription_dropped",
+        "proxy_cut_upstream",
+        "proxy_cut_client",
+        "proxy_resumable_no_store",
     ]
     for scenario in scenarios:
         if scenario.expected_outcome is None:
@@ -671,3 +675,79 @@ def test_a_backend_that_closes_before_its_status_line_gets_502_without_stalling(
     runner.join(30)
     assert not runner.is_alive(), "the router stalled its event loop"
     assert result == [502]
+
+
+def _numbers(wire: ScenarioWire) -> list[str | None]:
+    return [e.id for x in wire.exchanges for e in x.events]
+
+
+@pytest.mark.parametrize(
+    ("name", "cut_leg"),
+    [
+        ("proxy_cut_upstream", "upstream"),
+        ("proxy_cut_client", "client"),
+        ("proxy_resumable_no_store", "client"),
+    ],
+)
+def test_proxy_rows_cut_the_leg_they_say(run: _Run, name: str, cut_leg: str) -> None:
+    """The router on the named leg cut the call's stream, the other leg's did
+    not; the client got the answer through the proxy, on the client's leg;
+    and the proxy counted on each leg what the two routers' logs say."""
+    wire = run.wires[name]
+    cut, other = (
+        (wire.upstream_exchanges, wire.exchanges)
+        if cut_leg == "upstream"
+        else (wire.exchanges, wire.upstream_exchanges)
+    )
+    assert [x.request.jsonrpc_method for x in cut if x.severed] == ["tools/call"], name
+    assert not any(x.severed for x in other), name
+    assert wire.tool_result is not None and wire.tool_result.text == "slow finished 3 steps"
+    [call_id] = wire.in_flight
+    assert any(
+        response_id(WireEvent(e.id, e.event, e.data)) == call_id
+        for x in wire.exchanges
+        if x.last_event_id_sent is not None
+        for e in x.events
+    ), "the answer reached the client on its resume"
+    assert wire.legs is not None and wire.legs == wire.legs_on_the_wire, wire.legs
+    assert wire.legs[f"client_proxy|{semconv.SERVER_REQUESTS[0]}|replayed"] == 1
+
+
+def test_proxy_resumable_serves_the_resume_from_the_proxy(run: _Run) -> None:
+    """No event store: the server's events carry no id, so without the proxy's
+    ids nothing could resume. The client resumes with the proxy's id, the
+    server sees no resume, and the client gets every event once, in order."""
+    wire = run.wires["proxy_resumable_no_store"]
+    assert all(e.id is None for x in wire.upstream_exchanges for e in x.events)
+    assert not any(x.last_event_id_sent for x in wire.upstream_exchanges)
+    assert re.fullmatch(r"p[0-9a-f]{8}-[0-9]+:[0-9]+", wire.cursor or ""), wire.cursor
+    by_stream: dict[str, list[int]] = {}
+    for event_id in _numbers(wire):
+        assert event_id is not None
+        stream, _, number = event_id.rpartition(":")
+        by_stream.setdefault(stream, []).append(int(number))
+    for numbers in by_stream.values():
+        assert numbers == list(range(1, len(numbers) + 1)), by_stream
+    data = [e.data for x in wire.exchanges for e in x.events if "notifications/progress" in e.data]
+    assert len(data) == len(set(data)) == 3, data
+
+
+def test_proxy_cut_client_resumes_from_behind_what_the_proxy_read(run: _Run) -> None:
+    """The client's router read the proxy's answer on after the cut: the proxy
+    forwarded the whole answer, its client got the first progress only.  The
+    proxy's resume upstream names the client's cursor, behind the end of the
+    stream the proxy read, and the server replays those same events: resumed
+    on proxy_server (before the tracker bound such cursors: unverifiable)."""
+    wire = run.wires["proxy_cut_client"]
+    [cut] = [x for x in wire.exchanges if x.severed]
+    [call] = [x for x in wire.upstream_exchanges if x.request.jsonrpc_method == "tools/call"]
+    got = [e.id for e in cut.events if e.id]
+    read = [e.id for e in call.events if e.id]
+    assert read[: len(got)] == got and len(read) > len(got), (got, read)
+    [resume] = [x for x in wire.upstream_exchanges if x.last_event_id_sent]
+    assert resume.last_event_id_sent == got[-1]
+    replayed = {e.id: e.data for e in resume.events if e.id}
+    assert [i for i in read[len(got) :] if i in replayed] == read[len(got) :]
+    assert all(replayed[e.id] == e.data for e in call.events[len(cut.events) :] if e.id)
+    assert wire.legs == wire.legs_on_the_wire
+    assert wire.legs[f"proxy_server|{semconv.ATTEMPTS[0]}|resumed"] == 1

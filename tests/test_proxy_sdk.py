@@ -13,6 +13,7 @@ exit) places each finding on that leg with ``mcp.resumption.leg``.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -192,15 +193,33 @@ def test_a_cut_between_proxy_and_server_is_placed_on_that_leg(kind, launch) -> N
     assert downstream == {("client_proxy", "replayed"): 1}, downstream
 
 
+async def gate_on(router: WireRouter, gate: threading.Event, predicate) -> None:
+    """Open the server tool's gate once ``predicate`` holds for the router's log."""
+    await router.wait_for(predicate)
+    gate.set()
+
+
+def call_exchange(exchanges, predicate) -> bool:
+    return any(e.request.jsonrpc_method == "tools/call" and predicate(e) for e in exchanges)
+
+
 @pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
 def test_a_cut_between_client_and_proxy_is_placed_on_that_leg(kind) -> None:
     """The client router cuts the tools/call stream: the client resumes at the
     proxy, whose downstream view says client_proxy; the upstream leg broke
-    nothing."""
+    nothing.  The tool answers only once the proxy has left the call's
+    upstream stream (the upstream router saw it close): the proxy read no
+    further than its client, and resumes from the client's own cursor."""
+    gate = threading.Event()
+
     async def scenario() -> Stack:
-        async with stack(sdk_app(IntegerEventStore()), cut_client=True) as running:
+        async with stack(sdk_app(IntegerEventStore(), answer_when=gate),
+                         cut_client=True) as running:
+            left = asyncio.ensure_future(gate_on(running.upstream_router, gate, lambda xs: (
+                call_exchange(xs, lambda e: e.client_closed))))
             async with AppClient(kind, running.url) as client:
                 assert await client.call("x") == "done x"
+            await left
             await settled(running.client_router, running.upstream_router)
         return running
 
@@ -213,6 +232,46 @@ def test_a_cut_between_client_and_proxy_is_placed_on_that_leg(kind) -> None:
     # it for the client: no request broke on the server's leg.
     assert legs_of(running.proxy, BROKEN, FATE) == {}
     assert legs_of(running.proxy, ATTEMPTS, OUTCOME) == {("proxy_server", "resumed"): 1}
+
+
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
+def test_a_resume_from_behind_what_the_proxy_read_is_judged_resumed(kind) -> None:
+    """The client router cuts the client's leg after the progress event and
+    reads the proxy's answer on to its end: the proxy read (and forwarded)
+    the call's answer, its client did not.  The client resumes with the
+    progress event's id, behind the proxy's stream's end; the server replays
+    the answer, the same id and data the proxy read: resumed on
+    proxy_server, not unverifiable.  The tool answers once the client's leg
+    is cut."""
+    gate = threading.Event()
+
+    async def scenario() -> Stack:
+        async with stack(sdk_app(IntegerEventStore(), answer_when=gate),
+                         cut_client=True, drain_client=True) as running:
+            cut = asyncio.ensure_future(gate_on(running.client_router, gate, lambda xs: (
+                call_exchange(xs, lambda e: e.severed))))
+            async with AppClient(kind, running.url) as client:
+                assert await client.call("x") == "done x"
+            await cut
+            await settled(running.client_router, running.upstream_router)
+        return running
+
+    running = asyncio.run(scenario())
+    [call] = [e for e in running.upstream_router.exchanges
+              if e.request.jsonrpc_method == "tools/call"]
+    [cut] = [e for e in running.client_router.exchanges if e.severed]
+    got = [event.id for event in cut.events if event.id]
+    read = [event.id for event in call.events if event.id]
+    assert len(read) > len(got) and read[: len(got)] == got, (got, read)
+    [resume] = [e for e in running.upstream_router.exchanges
+                if e.request.header("last-event-id")]
+    assert resume.request.header("last-event-id") == got[-1] != read[-1]
+    assert not any(e.severed for e in running.upstream_router.exchanges)
+    downstream = legs_of(running.proxy, SERVER_REQUESTS, OUTCOME)
+    assert downstream == {("client_proxy", "replayed"): 1}, downstream
+    assert legs_of(running.proxy, BROKEN, FATE) == {}
+    attempts = legs_of(running.proxy, ATTEMPTS, OUTCOME)
+    assert attempts == {("proxy_server", "resumed"): 1}, (attempts, running.proxy.stderr[-2000:])
 
 
 def test_an_unknown_cursor_is_a_gap_on_the_client_leg() -> None:

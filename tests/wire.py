@@ -17,6 +17,7 @@ import dataclasses
 import importlib.metadata
 import inspect
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ import pytest
 
 from mcp_resumption_demo.router import Backend, Exchange, ForwardedEvent, RequestHead, Route, Router
 
+# How long a gated tool (``sdk_app(answer_when=...)``) waits for its test: a
+# bound on a failing test, never what a passing one waits for.
+GATE_TIMEOUT_S = 30.0
 BROKEN = "mcp.client.resumption.broken_requests"
 FATE = "mcp.resumption.request.fate"
 
@@ -371,10 +375,13 @@ class IntegerEventStore(EventStore):
 
 
 def sdk_app(store: EventStore | None = None, *, json_response: bool = False,
-            polling: bool = False, retry_ms: int = 200, idempotent: bool = False):
+            polling: bool = False, retry_ms: int = 200, idempotent: bool = False,
+            answer_when: threading.Event | None = None):
     """The installed major's streamable-HTTP server with one tool, ``work``: it
     reports progress, then (``polling``) closes its SSE stream on purpose, and
     answers a moment later (after the cut that follows the progress event).
+    ``answer_when``: it answers when the test sets that event (the server runs
+    in a thread of its own), not after a pause.
     ``idempotent``: ``tools/list`` declares it so (``idempotentHint``)."""
     if MCP_MAJOR == 1:
         from mcp.types import ToolAnnotations
@@ -393,7 +400,10 @@ def sdk_app(store: EventStore | None = None, *, json_response: bool = False,
         await ctx.report_progress(1, 2)
         if polling:
             await ctx.close_sse_stream()
-        await asyncio.sleep(0.05)
+        if answer_when is None:
+            await asyncio.sleep(0.05)
+        elif not await asyncio.to_thread(answer_when.wait, GATE_TIMEOUT_S):
+            raise RuntimeError("the test never let the tool answer")
         return "done " + text
 
     if MCP_MAJOR == 1:

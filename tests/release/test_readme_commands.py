@@ -43,7 +43,8 @@ DOCS = [
 ]
 
 DEMO = (
-    "python3 -m venv .venv && .venv/bin/pip install -q . ./demo && .venv/bin/mcp-resumption demo"
+    "python3 -m venv .venv && .venv/bin/pip install -q . ./demo ./proxy "
+    "&& .venv/bin/mcp-resumption demo"
 )
 TESTS = "bash scripts/test"
 FROM_CLONE = (

@@ -342,6 +342,8 @@ def _skipped_row(scenario: scenarios.Scenario, reason: str, nothing: dict[str, A
         "fates": {},
         "fates_on_the_wire": None,
         "counts_on_the_wire": None,
+        "legs": None,
+        "legs_on_the_wire": None,
     }
 
 
@@ -450,10 +452,15 @@ def run(
                     # the plugin counted exactly those
                     and (wire.fates is None or counted["fates"] == wire.fates)
                     # and likewise the re-issues, double runs, lost subscriptions
-                    and all(counted[key] == n for key, n in (wire.counts or {}).items()),
+                    and all(counted[key] == n for key, n in (wire.counts or {}).items())
+                    # and, through the proxy, what it counted on each leg is
+                    # what the two routers' logs say
+                    and wire.legs == wire.legs_on_the_wire,
                     "fates": counted["fates"],
                     "fates_on_the_wire": wire.fates,
                     "counts_on_the_wire": wire.counts,
+                    "legs": wire.legs,
+                    "legs_on_the_wire": wire.legs_on_the_wire,
                     "resumes": len(wire.resumes),
                     # what the plugin counted in this scenario, and against
                     # which server (the router the client connected to)

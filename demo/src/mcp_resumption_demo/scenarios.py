@@ -164,6 +164,12 @@ class ScenarioWire:
     counts: dict[str, dict[str, int]] | None = None
     # How the application saw a subscription end (the exception it caught).
     application_saw: str | None = None
+    # The rows through mcp-resumption-proxy: the upstream router's log (proxy
+    # to server), what the proxy counted by leg (``leg|metric|value``) and
+    # what the two routers' logs say it must count.
+    upstream_exchanges: list[Exchange] = field(default_factory=list)
+    legs: dict[str, int] | None = None
+    legs_on_the_wire: dict[str, int] | None = None
 
     @property
     def cursor(self) -> str | None:
@@ -1020,6 +1026,7 @@ SCENARIO_MODULES: Final = (
     "mcp_resumption_demo.reissue_scenarios",
     "mcp_resumption_demo.bridge_scenarios",
     "mcp_resumption_demo.subscription_scenarios",
+    "mcp_resumption_demo.proxy_scenarios",
 )
 
 

@@ -8,13 +8,18 @@ sessions, each table bounded and in least-recently-used order (the oldest
 dropped, and the drop counted), and the index of cursors: each event id a
 client may present as ``Last-Event-ID`` (a stream's last received or
 consumed id) to the streams it names.  ``owner`` binds a cursor to the
-stream, and so the session, it was issued in.  The index is brought up to
-date only where it is read (``flush``): per event, a stream is only marked
-dirty.
+stream, and so the session, it was issued in; a cursor behind a stream's
+end (an id the named session saw, not a stream's last: a proxy that read
+past its client's cursor) finds its stream through the session (``behind``).
+The index is brought up to date only where it is read (``flush``): per
+event, a stream is only marked dirty.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from .event_ids import EventId, compare_event_ids, corroborated, parse_event_id
 from .records import Session, Stream
 
 __all__ = ["CursorIndex"]
@@ -35,8 +40,13 @@ def _ids(indexed: str | tuple[str, ...]) -> tuple[str, ...]:
 class CursorIndex:
     """The tracked streams and sessions, and the cursors that name them."""
 
-    def __init__(self, max_streams: int) -> None:
+    def __init__(
+        self,
+        max_streams: int,
+        parse: Callable[[str | None], EventId | None] = parse_event_id,
+    ) -> None:
         self.max_streams = max(1, max_streams)
+        self.parse = parse  # the tracker's: a declared id scheme, if any
         self.evicted_streams = 0
         self.evicted_sessions = 0
         # Plain dicts in LRU order, oldest first (an OrderedDict costs ~60
@@ -178,7 +188,7 @@ class CursorIndex:
         issued in; None where it is not tracked or not provably that one."""
         owners = self.cursors.get(cursor)
         if owners is None:
-            return None
+            return self.behind(server, cursor, session_id)
         candidates = [owners] if isinstance(owners, Stream) else list(owners.values())
         # A stream without a session issued its ids for its URL path only.
         candidates = [
@@ -203,3 +213,35 @@ class CursorIndex:
             elif named.history_lost or cursor in named.seen:
                 return None
         return candidates[-1]
+
+    def behind(self, server: str, cursor: str, session_id: str | None) -> Stream | None:
+        """The stream of the named session whose end is past ``cursor``, an
+        id the session provably saw (in its seen window) that is no stream's
+        last: a client behind what was read for it (a proxy reads on after
+        its client's leg is cut).  Bound only where one lineage could have
+        issued it: the session's streams that received events, less those
+        whose last id orders before the cursor under the session's counting
+        scheme, all of one lineage (a stream and its resumes); its most
+        recent stream, as for a cursor that is a stream's last.  Else None:
+        the resume stays unverifiable rather than bound by a guess."""
+        if session_id is None:
+            return None  # a sessionless id binds to no session's history
+        session = self.sessions.get(session_key(server, session_id, None))
+        if session is None or session.history_lost or cursor not in session.seen:
+            return None
+        parse = self.parse
+        parsed = parse(cursor)
+        at = corroborated(parsed, session.seen) if parsed is not None else None
+        found: Stream | None = None
+        for stream in self.streams.values():  # least recently used first
+            last = stream.last_received
+            if stream.session is not session or last is None or last == cursor:
+                continue
+            if at is not None:
+                end = parse(last)
+                if end is not None and compare_event_ids(at, end) == 1:
+                    continue  # ended before the cursor: not where it was issued
+            if found is not None and found.lineage != stream.lineage:
+                return None  # two streams could have issued it
+            found = stream
+        return found

@@ -93,7 +93,7 @@ class Tracker(RequestSide):
         )
         self._lock = threading.Lock()
         self._keys = itertools.count(1)
-        self.index = CursorIndex(max_streams)
+        self.index = CursorIndex(max_streams, self._parse)
         # Lost subscriptions awaiting a re-listen (see ``subscriptions``).
         self.subscriptions = SubscriptionLedger()
         self.requests = Requests(self.subscriptions)
