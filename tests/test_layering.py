@@ -68,6 +68,9 @@ ABOVE = {
     # owner hands it a callback to count its fallbacks).
     "redis_state": {"tracker", *ROOMS, *UPPER},
     "redis_ledger": {"redis_state", "tracker", *ROOMS, *UPPER},
+    # The store's link to Redis (connection, breaker, writer thread): below
+    # both the records and the ledger it carries.
+    "redis_link": {"redis_state", "redis_ledger", "tracker", *ROOMS, *UPPER},
     "facts": {"redaction", "deadlines", *SINK, "monitor", "processor", "patches", *OWNER_PARTS},
     "redaction": {"deadlines", *SINK, "monitor", "processor", "patches", *OWNER_PARTS},
     "deadlines": {*SINK, "monitor", "processor", "patches", *OWNER_PARTS},

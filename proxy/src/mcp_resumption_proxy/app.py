@@ -1,40 +1,33 @@
 # Copyright The OpenTelemetry Authors
 # SPDX-License-Identifier: Apache-2.0
-"""The forwarding: a raw ASGI app whose upstream leg is one httpx client.
+"""The forwarding: ``ProxyApp``, a raw ASGI app whose upstream leg is one
+httpx client.
 
-Every request goes to the same path and query at the upstream's origin.  The
-response's bytes reach the client as the upstream sent them, chunk by chunk:
-they are handed on from inside httpx's read (``forwarding.Tee``), once the SSE parse
-(httpx-sse's, which the client half observes) has taken in the events a
-chunk completes and before the next chunk is awaited.  So what a client
-receives is the upstream's body byte for byte (comments, line ends and
-malformed SSE included), never waits for a whole body or for the upstream's
-next bytes, and carries no event the proxy has not recorded.  A JSON answer
-is read through ``aread()``, so that the client half sees the answer to its
-request, as it would in an SDK.
-
-Only one thing is ever rewritten: the legacy transport's ``endpoint`` event,
-when it names the upstream by an absolute URL (the SDKs send a path, which
-resolves against the proxy as it is).
+Every request goes to the same path and query at the upstream's origin.
+This module decides, per request, where its answer comes from: the
+downstream leg's check of a resume (and the guard's ``410``), enforce mode's
+replaced session (``404``) and the requests a response must answer, an
+unreachable upstream (``502``), and with ``--resumable`` the relay that
+serves a client from its cursor (this process's, or another instance's
+through the fleet's Redis).  An upstream response itself is passed to the
+client by the app's base ``passthrough.Passthrough`` (byte for byte, the
+legacy ``endpoint`` event rewritten where it names the upstream).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import httpx
-from httpx_sse import EventSource
 
 from opentelemetry.instrumentation.mcp_resumption import ResumptionGapError
 
 from . import enforce, resumable
 from .downstream import DownstreamView
 from .forwarding import (
-    MAX_EVENT_BYTES,
     TIMEOUT,
     UPSTREAM_ERROR,
     ClientGone,
@@ -42,16 +35,11 @@ from .forwarding import (
     RequestBody,
     Scope,
     Send,
-    Tee,
     answer_events,
     client_left,
     decoded_text,
-    drain,
     end_to_end,
-    endpoint_rewriter,
     header_of,
-    ignore,
-    is_small,
     is_sse,
     jsonrpc_error,
     new_ledger,
@@ -59,14 +47,13 @@ from .forwarding import (
     read_body,
     request_id_of,
     respond,
-    rest_of,
 )
+from .passthrough import Passthrough
 
-_logger = logging.getLogger(__name__)
 
-
-class ProxyApp:
-    """The ASGI app: forwards every HTTP request to ``upstream``'s origin.
+class ProxyApp(Passthrough):
+    """The ASGI app: forwards every HTTP request to ``upstream``'s origin
+    (a response, through its base ``Passthrough``).
 
     ``downstream``: the client leg's view of resumes (None: not reported).
     ``client``: the upstream leg (made here unless given; closed at shutdown
@@ -310,169 +297,3 @@ class ProxyApp:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
-
-    async def _relay(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        method: str,
-        request_headers: list[tuple[bytes, bytes]],
-        session_id: str | None,
-        response: httpx.Response,
-        pending: enforce.Pending | None = None,
-    ) -> None:
-        raw_headers = list(response.headers.raw)
-        content_type = (header_of(raw_headers, b"content-type") or b"").split(b";", 1)[0]
-        # httpx-sse's own test (case-sensitive, a substring): the streams an
-        # SDK client would parse are the ones the client half sees parsed.
-        sse = b"text/event-stream" in content_type
-        content_type = content_type.strip().lower()
-        rewrite = None
-        if (
-            sse
-            and method == "GET"
-            and session_id is None
-            and header_of(raw_headers, b"content-length") is None
-        ):
-            host = decoded_text(header_of(request_headers, b"host")) or "127.0.0.1"
-            rewrite = endpoint_rewriter(self.upstream_origin, f"{scope.get('scheme', 'http')}://{host}")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status_code,
-                "headers": end_to_end(raw_headers),
-            }
-        )
-        out = RequestBody(send, rewrite)
-        session = decoded_text(header_of(raw_headers, b"mcp-session-id")) or session_id
-        enforced = sse and pending is not None
-        # Enforce mode forwards an event only once the client half let it
-        # through: written anew from the parse, not teed.
-        tee = response.stream = Tee(
-            response.stream, ignore if enforced else out.write,
-            MAX_EVENT_BYTES if sse else None,
-        )
-        ids = self.downstream.response(session) if self.downstream is not None else None
-        if enforced:
-            pump = self._enforced_events(response, session, out, pending, ids)
-        elif sse:
-            pump = self._events(response, session, ids)
-        elif content_type == b"application/json" and is_small(raw_headers):
-            pump = response.aread()
-        else:
-            pump = drain(response)
-        pumping = asyncio.ensure_future(pump)
-        watching = asyncio.ensure_future(client_left(receive))
-        waits = {pumping, watching}
-        if enforced and self.stream_error is not None:
-            judged = asyncio.ensure_future(self._judged(response))
-            waits.add(judged)
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if not pumping.done():  # the client left, or the client half refused the stream
-                pumping.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await pumping
-                if enforced and not watching.done() and pending is not None:
-                    error = self.stream_error(response) if self.stream_error else None
-                    await self._fail(out, pending, f"mcp-resumption-proxy: {error}")
-                return
-            try:
-                pumping.result()
-            except ClientGone:
-                return
-            except ResumptionGapError as error:
-                if pending is not None:
-                    await self._fail(out, pending, f"mcp-resumption-proxy: {error}")
-                return
-            except Exception:
-                if enforced and tee.failed and pending is not None and pending.ids and (
-                    not pending.resumable
-                ):
-                    # No event id to resume from: nothing will bring the answers.
-                    await self._fail(out, pending, "mcp-resumption-proxy: the server's stream "
-                                     "broke before answering, and cannot be resumed")
-                    return
-                if tee.failed:
-                    # The upstream broke mid-body: leave the client's response
-                    # unfinished, so that it breaks as it would have directly.
-                    return
-                if enforced and pending is not None:
-                    # What was not parsed was not let through: fail closed.
-                    await self._fail(out, pending, "mcp-resumption-proxy: the server's "
-                                     "stream could not be checked (an event too large)")
-                    return
-                # Only the parse failed: the bytes still pass, unobserved.
-                _logger.warning("mcp-resumption-proxy: a response could not be observed",
-                                exc_info=False)
-                if not await rest_of(tee):
-                    return
-            with contextlib.suppress(ClientGone):
-                await out.finish()
-        finally:
-            for task in waits:
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
-            if ids is not None and self.downstream is not None:
-                self.downstream.save(ids)  # queued for the fleet
-
-    async def _fail(self, out: RequestBody, pending: enforce.Pending, message: str) -> None:
-        with contextlib.suppress(ClientGone):
-            if pending.ids:
-                await out.write(enforce.error_events(pending, message))
-            await out.finish()
-
-    async def _judged(self, response: httpx.Response) -> None:
-        """Returns once the client half decided an error for the stream (its
-        confirmation window ends on the timer's thread, not in a read)."""
-        assert self.stream_error is not None
-        while self.stream_error(response) is None:
-            await asyncio.sleep(self.poll)
-
-    async def _enforced_events(
-        self, response: httpx.Response, session: str | None, out: RequestBody,
-        pending: enforce.Pending,
-        ids: Any = None,
-    ) -> None:
-        downstream, ledger = self.downstream, self.ledger
-        decided: list[BaseException] = []
-        if self.enforced_errors is not None:
-            self.enforced_errors.set(decided)  # this task's own context
-        last = None
-        async for event in EventSource(response).aiter_sse():
-            event_id = event.id
-            await out.write(enforce.serialize(event, last))
-            pending.answered(event.data)
-            if event_id and event_id != last:
-                if downstream is not None:
-                    downstream.forwarded(event_id, session, ids)
-                if ids is not None:
-                    ids.last = event_id
-                if ledger is not None:
-                    ledger.forwarded(event_id, pending)
-            last = event_id
-        error = decided[0] if decided else (
-            self.stream_error(response) if self.stream_error is not None else None)
-        if error is not None:
-            # Decided at the stream's end (an empty replay): no read left to
-            # raise it into, so it is raised here, for the pending requests.
-            raise error if isinstance(error, ResumptionGapError) else ResumptionGapError(
-                str(error))
-
-    async def _events(
-        self, response: httpx.Response, session: str | None, ids: Any = None
-    ) -> None:
-        """Drive the SSE parse the client half observes, and remember each id
-        forwarded for the downstream leg."""
-        downstream = self.downstream
-        last = None
-        async for event in EventSource(response).aiter_sse():
-            event_id = event.id
-            if event_id and event_id != last and downstream is not None:
-                downstream.forwarded(event_id, session, ids)
-                if ids is not None:
-                    ids.last = event_id
-            last = event_id
-

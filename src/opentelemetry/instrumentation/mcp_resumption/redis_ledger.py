@@ -7,11 +7,12 @@ counted lost once, by another.
 ``InFlightLedger`` is a base of ``redis_state.RedisStore``, read alone: the
 callers' side (``in_flight``, ``settled``, ``sweep``: a few dict operations
 or a queued item, never I/O) and the writer thread's (``_write_held``,
-``_ledger_ops``, ``_renew_lease``, ``_sweep``), on the store's client, queue
-and lock.  An entry is written only if its request is still unanswered
-``IN_FLIGHT_DELAY`` after it was sent; a process's entries are covered by a
-lease it renews; a sweep claims each entry of a lapsed lease with ``SET NX``
-(once for the whole fleet) and counts it lost.
+``_ledger_ops``, ``_renew_lease``, ``_sweep``), on the client, queue and
+lock of the store's other base (``redis_link.RedisLink``).  An entry is
+written only if its request is still unanswered ``IN_FLIGHT_DELAY`` after
+it was sent; a process's entries are covered by a lease it renews; a sweep
+claims each entry of a lapsed lease with ``SET NX`` (once for the whole
+fleet) and counts it lost.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .redis_link import KEY_PREFIX
 from .shared_state import SharedRecord, keyed_hash
 
 __all__ = ["KEY_PREFIX", "MAX_RAW_REQUEST_KEY", "MAX_SWEPT", "InFlightLedger"]
 
-KEY_PREFIX = "mcpres:v1"
 MAX_SWEPT = 1000  # entries one sweep reads
 MAX_RAW_REQUEST_KEY = 40  # longer request ids are hashed in ledger fields
 

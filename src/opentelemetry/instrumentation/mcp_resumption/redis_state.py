@@ -1,6 +1,15 @@
 # Copyright The OpenTelemetry Authors
 # SPDX-License-Identifier: Apache-2.0
-"""The shared state in Redis 6+ or Valkey (``OTEL_PYTHON_MCP_RESUMPTION_STATE``).
+"""The shared state in Redis 6+ or Valkey (``OTEL_PYTHON_MCP_RESUMPTION_STATE``):
+``RedisStore``, the streams' records (saved, looked up by cursor, or as of
+an earlier cursor a proxy named), and ``state_store``/``open_store``, which
+open it from the settings.
+
+The store has two bases, each in its own module: ``redis_link.RedisLink``
+(the connection, bounded operations, the breaker, the writer thread, and
+the proxy's own keys, writes and reads on them) and
+``redis_ledger.InFlightLedger`` (the requests each process awaits answers
+to).  Their names are importable from here too.
 
 No OpenTelemetry here: the owner (``monitor``) hands in ``on_fallback``, which
 counts a fallback in its metric.  redis-py is an optional extra
@@ -32,11 +41,6 @@ Costs and bounds, the reasons for each:
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import logging
-import os
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -44,20 +48,27 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import config
-from .redis_ledger import KEY_PREFIX, InFlightLedger
-from .shared_state import MEMORY, Breaker, SharedRecord, Store, keyed_hash
+from .redis_ledger import InFlightLedger
+from .redis_link import (
+    BATCH,
+    COOLDOWN,
+    KEY_PREFIX,
+    OPERATIONS,
+    PASSWORD_VARIABLES,
+    QUEUE,
+    REASONS,
+    TIMEOUT,
+    RedisLink,
+)
+from .shared_state import MEMORY, SharedRecord, Store, keyed_hash
 
 __all__ = [
-    "COOLDOWN", "KEY_PREFIX", "TIMEOUT", "TTL", "RedisStore", "open_store", "state_store",
+    "BATCH", "COOLDOWN", "IN_FLIGHT_DELAY", "KEY_PREFIX", "LEASE", "OPERATIONS",
+    "PASSWORD_VARIABLES", "QUEUE", "REASONS", "TIMEOUT", "TTL", "RedisStore", "open_store",
+    "state_store",
 ]
 
-_logger = logging.getLogger(__name__)
-
-TIMEOUT = 0.05  # s, each Redis operation (connect, reply)
-COOLDOWN = 1.0  # s the breaker skips Redis after a failure
 TTL = 3600  # s, every key
-QUEUE = 1024  # records waiting to be written; past it the oldest is dropped (counted)
-BATCH = 64  # records per round trip
 # A process's lease on its in-flight entries: renewed by its writer every
 # third of it while it has any; once it lapses the process is gone (killed:
 # a clean exit removes its entries) and another may claim them lost.
@@ -68,9 +79,6 @@ LEASE = 5.0  # s; the owner sets it to the reissue window (at least 1 s)
 # uncounted.
 IN_FLIGHT_DELAY = 0.25  # s
 SESSION_HASH_CACHE = 1024
-# The standard places for a password when the URL has none: redis-cli's, then
-# the common container images'.
-PASSWORD_VARIABLES = ("REDISCLI_AUTH", "REDIS_PASSWORD")
 
 # KEYS: the record's keys (one per cursor).  ARGV: the record, its TTL, its
 # clock.  A key whose record is newer (another instance resumed the stream
@@ -89,25 +97,6 @@ for i, key in ipairs(KEYS) do
 end
 return 1
 """
-
-# What each fallback is counted by (a bounded set: the metric's attribute).
-OPERATIONS = ("read", "write")
-REASONS = ("timeout", "connection", "full", "breaker_open", "queue_full", "error")
-
-
-def _reason(error: BaseException) -> str:
-    import redis.exceptions as errors
-
-    if isinstance(error, errors.TimeoutError):
-        return "timeout"
-    if isinstance(error, errors.ConnectionError):
-        return "connection"
-    if type(error).__name__ == "OutOfMemoryError" or (
-        isinstance(error, errors.ResponseError) and "maxmemory" in str(error)
-    ):
-        return "full"
-    return "error"
-
 
 def state_store(
     settings: config.Settings,
@@ -155,8 +144,10 @@ def open_store(
     return RedisStore(url, key, on_fallback, **options), None
 
 
-class RedisStore(InFlightLedger):
-    """Records shared through one Redis; see the module docstring."""
+class RedisStore(RedisLink, InFlightLedger):
+    """Records shared through one Redis; see the module docstring (its
+    connection, breaker and writer thread: ``RedisLink``; its in-flight
+    ledger: ``InFlightLedger``)."""
 
     shared = True
 
@@ -173,33 +164,12 @@ class RedisStore(InFlightLedger):
         in_flight_delay: float = IN_FLIGHT_DELAY,
         on_lost: Callable[[str, str, str], None] = lambda server, transport, method: None,
     ) -> None:
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        password = None
-        if not urlsplit(url).password:
-            password = next(
-                (os.environ[name] for name in PASSWORD_VARIABLES if os.environ.get(name)), None
-            )
-        options = {"password": password} if password else {}
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            # One try: the breaker, not redis-py, decides when to try again.
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            health_check_interval=0,
-            **options,
-        )
+        super().__init__(url, key, on_fallback, timeout=timeout, cooldown=cooldown)
         self._save_script = self._client.register_script(_SAVE)
-        self._key = key
         self._session_hashes: dict[str, str] = {}
         # Cursor -> the hash of the id a proxy's record is under (``alias``).
         self._aliases: dict[str, str] = {}
         self._ttl = ttl
-        self._on_fallback = on_fallback
         self._on_lost = on_lost
         # The in-flight ledger: this process's entries (server -> fields),
         # its lease, and the servers to sweep for a dead process's entries
@@ -213,22 +183,8 @@ class RedisStore(InFlightLedger):
         self._leased_at = 0.0
         self._sweeps: dict[str, float] = {}
         self.lost_claimed = 0
-        self._breaker = Breaker(cooldown)
-        self._breaker_lock = threading.Lock()
         # This process, as records name their writer.
         self.writer = uuid.uuid4().hex[:16]
-        # Records, and the in-flight ledger's operations: ("del", server,
-        # fields), ("sweep", server), ("forget", ""), ("now", ""), and the
-        # proxy's own writes ("call", write).
-        self._queue: collections.deque[SharedRecord | tuple] = collections.deque()
-        self._wake = threading.Condition()
-        self._closed = False
-        self._writing = False
-        self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
-        # Counted, for the tests and the docs' cost table: round trips made.
-        self.reads = 0
-        self.writes = 0
 
     # ------------------------------------------------------------ keys
 
@@ -254,38 +210,6 @@ class RedisStore(InFlightLedger):
             f"{KEY_PREFIX}:c:{keyed_hash(self._key, server)}:{session_hash or '-'}:"
             f"{keyed_hash(self._key, cursor)}"
         )
-
-    # ------------------------------------------------------------ faults
-
-    def _allowed(self, operation: str) -> bool:
-        with self._breaker_lock:
-            allowed = self._breaker.allows()
-        if not allowed:
-            self._on_fallback(operation, "breaker_open")
-        return allowed
-
-    def _failed(self, operation: str, error: BaseException) -> None:
-        reason = _reason(error)
-        with self._breaker_lock:
-            started = self._breaker.failed()
-        self._on_fallback(operation, reason)
-        if started:
-            _logger.warning(
-                "mcp-resumption: the shared state in Redis failed (%s: %s); resumes are judged "
-                "from this process's memory until it answers again",
-                reason,
-                type(error).__name__,
-            )
-
-    def _succeeded(self) -> None:
-        with self._breaker_lock:
-            ended = self._breaker.succeeded()
-        if ended:
-            _logger.warning("mcp-resumption: the shared state in Redis answers again")
-
-    @property
-    def episodes(self) -> int:
-        return self._breaker.episodes
 
     # ------------------------------------------------------------ reads
 
@@ -323,11 +247,7 @@ class RedisStore(InFlightLedger):
                 return record if position < direct else record.as_of(cursor)
         return None
 
-    # ------------------------------------------------------------ the proxy's
-
-    def key_hash(self, text: str) -> str:
-        """``text`` under the shared key, as keys name it."""
-        return keyed_hash(self._key, text)
+    # ------------------------------------------------------------ the proxy's record
 
     def alias(self, cursor: str, target_hash: str) -> None:
         """A proxy of the fleet forwarded ``cursor`` from an upstream stream
@@ -339,35 +259,6 @@ class RedisStore(InFlightLedger):
             aliases.clear()
         aliases[cursor] = target_hash
 
-    def key(self, kind: str, *parts: str) -> str:
-        """A key of the proxy's (``mcp-resumption-proxy``: its downstream
-        cursors, its resumable buffers), every part the keyed hash: no raw
-        session id, cursor or server is ever part of a key."""
-        return ":".join([KEY_PREFIX, kind, *(keyed_hash(self._key, part) for part in parts)])
-
-    def submit(self, write: Callable[[Any], None]) -> None:
-        """Queue ``write(pipeline)`` for the writer thread, in the round trip
-        of whatever else is queued; never blocks, never raises."""
-        self._enqueue(("call", write))
-
-    def call(self, operation: Callable[[Any], Any], kind: str = "read") -> Any:
-        """``operation(client)`` now, on the caller's thread: bounded by the
-        timeout and behind the breaker; ``None`` when it fell back (counted
-        as ``kind``)."""
-        if not self._allowed(kind):
-            return None
-        try:
-            if kind == "read":
-                self.reads += 1
-            else:
-                self.writes += 1
-            result = operation(self._client)
-        except Exception as error:  # any fault of the store: memory goes on
-            self._failed(kind, error)
-            return None
-        self._succeeded()
-        return result
-
     # ------------------------------------------------------------ writes
 
     def save(self, record: SharedRecord) -> None:
@@ -376,30 +267,6 @@ class RedisStore(InFlightLedger):
         if not record.cursors():
             return
         self._enqueue(record)
-
-    def _enqueue(self, item: SharedRecord | tuple) -> None:
-        if self._closed:
-            return
-        with self._wake:
-            if len(self._queue) >= QUEUE:
-                self._queue.popleft()
-                self._on_fallback("write", "queue_full")
-            self._queue.append(item)
-            self._start()
-            self._wake.notify()
-
-    def _start(self) -> None:
-        if os.getpid() != self._pid:  # a forked child: its own thread, no inherited queue
-            self._pid = os.getpid()
-            self._thread = None
-            self._queue.clear()
-            self._held.clear()
-            self._mine.clear()
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(
-                target=self._run, name="mcp-resumption-state-writer", daemon=True
-            )
-            self._thread.start()
 
     def _due(self) -> float | None:
         """Seconds until the writer must wake with nothing queued: to write
@@ -411,25 +278,6 @@ class RedisStore(InFlightLedger):
         if self._mine:
             times.append(self._leased_at + self._lease / 3)
         return max(0.0, min(times) - now) if times else None
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue and not self._closed:
-                    due = self._due()
-                    if due == 0.0:
-                        break
-                    self._wake.wait(due)
-                if self._closed and not self._queue:
-                    return
-                batch = [self._queue.popleft() for _ in range(min(BATCH, len(self._queue)))]
-                self._writing = True
-            try:
-                self._write(batch)
-            finally:
-                with self._wake:
-                    self._writing = False
-                    self._wake.notify_all()
 
     def _write(self, batch: list[SharedRecord | tuple]) -> None:
         now = time.monotonic()
@@ -482,28 +330,14 @@ class RedisStore(InFlightLedger):
         ``held``: the in-flight entries still held are written too."""
         if held:
             self._enqueue(("now", ""))
-        deadline = time.monotonic() + timeout
-        with self._wake:
-            while self._queue or self._writing:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._wake.wait(left)
-        return True
+        return super().flush(timeout)
 
-    def close(self) -> None:
-        """Write what is queued (bounded), take this process's entries out of
-        the in-flight ledgers (a clean exit counts its own: the monitor's
-        exit accounting), then stop the thread."""
-        if self._closed:
-            return
-        if self._thread is not None:
-            # The writer thread owns ``_mine``: it builds the deletions itself.
-            self._enqueue(("forget", ""))
-        self.flush(timeout=4 * TIMEOUT * max(1, len(self._queue) // BATCH))
-        with self._wake:
-            self._closed = True
-            self._queue.clear()
-            self._wake.notify_all()
-        with contextlib.suppress(Exception):  # closing a broken connection: nothing to do
-            self._client.close()
+    def _forked(self) -> None:
+        self._held.clear()
+        self._mine.clear()
+
+    def _closing(self) -> None:
+        # This process's entries out of the in-flight ledgers (a clean exit
+        # counts its own: the monitor's exit accounting).  The writer thread
+        # owns ``_mine``: it builds the deletions itself.
+        self._enqueue(("forget", ""))
