@@ -60,6 +60,20 @@ class EventTotals:
     def unwatch(self, context: StreamContext) -> None:
         self._fed.pop(id(context), None)
 
+    def count(self, context: StreamContext, uncounted: int) -> None:
+        """``uncounted`` events of ``context``'s stream and those its feed
+        counted since, into the totals: ``fed_events`` then ``add`` in one
+        lock acquisition (a stream's end, a batch)."""
+        feed = context.feed
+        with self._lock:
+            if feed is not None:
+                total = feed.count()
+                uncounted += total - feed.counted
+                feed.counted = total
+            if uncounted:
+                key = context.events_key
+                self._totals[key] = self._totals.get(key, 0) + uncounted
+
     def fed_events(self, context: StreamContext) -> int:
         """Events counted by the stream's feed and not yet in the totals
         (taken: the caller adds them)."""

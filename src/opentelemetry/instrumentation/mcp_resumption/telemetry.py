@@ -176,10 +176,8 @@ class TelemetrySink(CallTelemetry):
                     self._attempts.add(0, attributes)
 
     def count_events(self, context: StreamContext) -> None:
-        uncounted = context.uncounted + self.event_totals.fed_events(context)
-        if uncounted:
-            self.event_totals.add(context.events_key, uncounted)
-            context.uncounted = 0
+        self.event_totals.count(context, context.uncounted)  # one lock for both
+        context.uncounted = 0
         context.counted_at = time.monotonic()
 
     # ------------------------------------------------------ gaps and outcomes
