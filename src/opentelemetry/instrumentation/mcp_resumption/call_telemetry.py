@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import semconv as sc
-from .facts import RequestFacts, StreamContext, exported_request_id, server_attributes
+from .facts import RequestFacts, StreamContext, exported_request_id
 from .fates import Broken, Decided
 from .jsonrpc import MAX_TOOL_NAME
 from .subscriptions import LostSubscription
@@ -101,10 +101,13 @@ class CallTelemetry:
     ) -> None:
         """One request ended, by its answer or its fate: its duration from
         when it was sent, as the MCP conventions name it."""
+        # server_attributes(facts) written out: one dict per request, not two.
         attributes: dict[str, Any] = {
             sc.MCP_METHOD_NAME: method if method in sc.CLIENT_METHODS else sc.OTHER,
-            **server_attributes(facts),
+            sc.SERVER_ADDRESS: facts.host,
         }
+        if facts.port is not None:
+            attributes[sc.SERVER_PORT] = facts.port
         if method == "tools/call":
             tool = facts.tool(key) if key is not None else facts.mcp_name
             if tool:
