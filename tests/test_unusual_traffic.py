@@ -514,3 +514,94 @@ def test_the_parse_without_json_loads_wrappers_is_json_loads(text):
     from opentelemetry.instrumentation.mcp_resumption.jsonrpc import loads
 
     assert _outcome(loads, text) == _outcome(json.loads, text)
+
+
+_IDS = st.one_of(
+    st.integers(-(2**70), 2**70), st.text(max_size=8), st.none(), st.booleans(), st.floats()
+)
+
+
+@st.composite
+def _jsonrpc_texts(draw) -> str | bytes:
+    """JSON-RPC messages as peers send them (requests, answers, errors,
+    notifications, batches), some with a key twice, cut, or followed by
+    more; or any of ``_json_texts``."""
+    if draw(st.integers(0, 3)) == 0:
+        return draw(_json_texts())
+    message = {"jsonrpc": "2.0"}
+    for key in draw(st.lists(st.sampled_from(["id", "method", "result", "error", "params"]),
+                             max_size=4)):
+        message[key] = draw(_IDS) if key == "id" else draw(_JSON_VALUES)
+    if "method" in message and draw(st.booleans()):
+        message["method"] = draw(st.sampled_from(["tools/call", "tools/list", "ping"]))
+    text = json.dumps(message, separators=draw(st.sampled_from([(", ", ": "), (",", ":")])))
+    shape = draw(st.sampled_from(["one", "one", "batch", "twice", "cut", "more"]))
+    if shape == "batch":
+        text = f"[{text}, {text}]"
+    elif shape == "twice" and text != "{}":
+        text = text[:-1] + f', "id": {json.dumps(draw(_IDS))}}}'
+    elif shape == "cut":
+        text = text[: draw(st.integers(0, len(text)))]
+    elif shape == "more":
+        text += draw(st.sampled_from([" ", "\n", "}", "x"]))
+    return text.encode() if draw(st.booleans()) else text
+
+
+def _reference_messages(text: str | bytes | None) -> list | None:
+    """What the messages of a body or event are, by json.loads itself."""
+    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import within_limit
+
+    if not text or not within_limit(text):
+        return None
+    try:
+        decoded = json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    if isinstance(decoded, dict):
+        return [decoded]
+    if isinstance(decoded, list):
+        return [item for item in decoded if isinstance(item, dict)]
+    return []
+
+
+@given(_jsonrpc_texts())
+@settings(max_examples=1500, deadline=None, derandomize=True)
+def test_the_ids_read_without_the_parse_wrappers_are_json_loads(text):
+    """requests_in and responses_in take a body or event that is one JSON
+    object straight from json.loads' scanner (``_one_object``): every id key
+    and method they return is what json.loads' parse of the same text gives,
+    duplicate keys, batches, broken and trailing text included."""
+    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import (
+        _one_object,
+        request_key,
+        requests_in,
+        responses_in,
+    )
+
+    messages = _reference_messages(text)
+    one = _one_object(text)
+    if one is not None:
+        assert messages is not None and repr([one]) == repr(messages)
+    tools: dict[str, str] = {}
+    if messages is None:
+        assert requests_in(text, tools) is None
+    else:
+        expected = []
+        for message in messages:
+            method, key = message.get("method"), request_key(message.get("id"))
+            if isinstance(method, str) and key is not None:
+                expected.append((key, method[:64]))
+        assert requests_in(text, tools) == expected
+    if isinstance(text, str):
+        answers = responses_in(text)
+        if '"result"' not in text and '"error"' not in text:
+            assert answers == ()
+        elif messages is None:
+            assert answers is None
+        else:
+            keys = [
+                request_key(message.get("id"))
+                for message in messages
+                if "method" not in message and ("result" in message or "error" in message)
+            ]
+            assert answers == tuple(key for key in keys if key is not None)
