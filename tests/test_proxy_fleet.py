@@ -239,20 +239,19 @@ def test_a_resumable_fleet_takes_over_a_relay_whose_upstream_broke(
     assert_once_in_order(running)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="open (issue 32): the first instance decides the cut request's fate from its "
-    "own memory once its reissue window passes (lost), while the other instance's resume "
-    "answered it (answered): counted once per instance",
-)
+@pytest.mark.parametrize("state", STATES)
 @pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
-def test_a_request_cut_on_one_instance_is_counted_once_by_the_fleet(redis_server, kind) -> None:
+def test_a_request_cut_on_one_instance_is_counted_once_by_the_fleet(
+    redis_server, kind, state
+) -> None:
     """The first instance's leg to the server is cut after the progress; the
     other instance's resume brings the answer (the wire: the replay carries
-    the result).  The fleet counts that request once: answered."""
+    the result).  The fleet counts that request once: answered by the other
+    instance, which took it over from the first's record, and never lost by
+    the first when its window passes or it exits (it cannot claim it)."""
     redis_server.client().flushall()
-    running = run(kind, redis_server, IntegerEventStore(), cut_upstream=True)
+    redis = redis_server if state == "redis" else None
+    running = run(kind, redis, IntegerEventStore(), cut_upstream=True)
     _first, other, [cursor], replayed = wire_truth(running)
     assert replayed and all(int(event_id) > int(cursor) for event_id in replayed), replayed
     fates: dict[str, int] = {}

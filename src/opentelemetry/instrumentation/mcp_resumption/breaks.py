@@ -49,7 +49,12 @@ class Breaks:
         # until the caller takes them.
         self.ran_over: list[LostSubscription] = []
 
-    def all_lost(self, streams: Iterable[Stream], why: str) -> Step:
+    def all_lost(
+        self,
+        streams: Iterable[Stream],
+        why: str,
+        elsewhere: frozenset[tuple[int, str]] = frozenset(),
+    ) -> Step:
         """The client stops waiting for everything (the process exits): its
         broken requests are lost, and so are the subscriptions still open."""
         lost: list[tuple[LostSubscription, Gap | None]] = []
@@ -61,7 +66,7 @@ class Breaks:
             if listens:
                 body, stream.request_body = stream.request_body, None
                 lost += self.subscriptions_lost(stream, listens, body, why)
-        step = self.fated(self.broken.all_lost(why))
+        step = self.fated(self.broken.all_lost(why, elsewhere))
         if not lost:
             return step
         return replace(step, lost_subscriptions=(*step.lost_subscriptions, *lost))

@@ -20,6 +20,11 @@ exactly one fate, whichever comes first:
   when its session is closed, or when the process exits.  A lost request is
   the ``orphaned_request`` gap.
 
+With shared state, a fourth outcome that is no fate of this process's:
+``elsewhere``, a request another process took over (it resumed the broken
+stream from this one's record) and decides; never counted here, so that the
+fleet counts each request once.
+
 Nothing is predicted: a request whose answer arrives is answered, whatever
 else went wrong on its stream.
 """
@@ -46,6 +51,8 @@ class Fate(str, Enum):
     ANSWERED = "answered"
     REISSUED = "reissued"
     LOST = "lost"
+    # Decided by another process of a shared state: not counted here.
+    ELSEWHERE = "elsewhere"
 
 
 @dataclass(eq=False)
@@ -88,6 +95,8 @@ class Decided:
     def counted(self) -> bool:
         """Whether this is a broken request's fate: a request a poll's resume
         could not answer, which was answered after all, never broke."""
+        if self.fate is Fate.ELSEWHERE:
+            return False
         return self.broken.broke or self.fate is not Fate.ANSWERED
 
 
@@ -101,6 +110,9 @@ class BrokenLedger:
 
     def __bool__(self) -> bool:
         return bool(self._entries)
+
+    def entries(self) -> list[Broken]:
+        return list(self._entries.values())
 
     def awaits(self, server: str) -> bool:
         """Whether a request to ``server`` may re-issue a broken one."""
@@ -167,12 +179,23 @@ class BrokenLedger:
                     break
         return found
 
-    def due(self, now: float, window: float) -> list[Decided]:
-        """Requests whose reissue window has passed: lost."""
+    def due_entries(self, now: float, window: float) -> list[Broken]:
+        """Requests whose reissue window has passed, not yet decided."""
         return [
-            self._decide(broken, Fate.LOST, broken.why)
-            for broken in list(self._entries.values())
+            broken
+            for broken in self._entries.values()
             if broken.stopped_at is not None and now - broken.stopped_at >= window
+        ]
+
+    def due(
+        self, now: float, window: float, elsewhere: frozenset[tuple[int, str]] = frozenset()
+    ) -> list[Decided]:
+        """Requests whose reissue window has passed: lost, but those
+        ``elsewhere`` names (``(id(session), key)``: taken over by another
+        process)."""
+        return [
+            self._lost_unless(broken, elsewhere, broken.why)
+            for broken in self.due_entries(now, window)
         ]
 
     def session_closed(self, session: Any, why: str) -> list[Decided]:
@@ -192,8 +215,16 @@ class BrokenLedger:
             if broken.session is session and broken.stopped_at is None
         ]
 
-    def all_lost(self, why: str) -> list[Decided]:
-        return [self._decide(broken, Fate.LOST, why) for broken in list(self._entries.values())]
+    def all_lost(
+        self, why: str, elsewhere: frozenset[tuple[int, str]] = frozenset()
+    ) -> list[Decided]:
+        return [self._lost_unless(broken, elsewhere, why) for broken in self.entries()]
+
+    def _lost_unless(
+        self, broken: Broken, elsewhere: frozenset[tuple[int, str]], why: str
+    ) -> Decided:
+        taken = (id(broken.session), broken.key) in elsewhere
+        return self._decide(broken, Fate.ELSEWHERE if taken else Fate.LOST, why)
 
     def stop_held(self, holder: Any, now: float) -> bool:
         """The stream ``holder`` ended: the requests its attempt waited for

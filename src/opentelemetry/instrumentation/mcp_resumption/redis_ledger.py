@@ -57,6 +57,9 @@ class InFlightLedger:
     def _start(self) -> None:
         raise NotImplementedError
 
+    def call(self, operation: Callable[[Any], Any], kind: str = "read") -> Any:
+        raise NotImplementedError
+
     def _field(self, writer: str, session_hash: str | None, key: str) -> str:
         # A JSON-RPC id as the ledger keys it ("1", '"abc"'): not a secret,
         # hashed only when long (an HMAC per request is most of this cost).
@@ -106,6 +109,54 @@ class InFlightLedger:
         """Look for entries of dead processes on ``server`` (queued: the
         writer thread reads them)."""
         self._enqueue(("sweep", server))
+
+    # The one fate of a broken request for the whole fleet: a process that
+    # resumes another's broken stream from its record takes its requests
+    # over (``took_over``, queued), and the process that broke them, when
+    # its reissue window passes, counts lost only those it can claim
+    # (``fates_elsewhere``): the claim key is one per request, whoever holds it.
+
+    def _fate_key(self, server: str, session_hash: str | None, key: str) -> str:
+        field = self._field("", session_hash, key)
+        return f"{KEY_PREFIX}:o:{keyed_hash(self._key, server)}:{field}"
+
+    def took_over(self, server: str, session_hash: str | None, keys: list[str]) -> None:
+        """This process decides the fates of these requests, broken in
+        another (queued: ``SET NX`` by the writer thread)."""
+        claims = [self._fate_key(server, session_hash, key) for key in keys]
+        writer, ttl = self.writer, self._ttl
+
+        def claim(pipe: Any) -> None:
+            for name in claims:
+                pipe.set(name, writer, nx=True, ex=ttl)
+
+        self._enqueue(("call", claim))
+
+    def fates_elsewhere(self, requests: list[tuple[str, str | None, str]]) -> list[int]:
+        """Of ``requests`` (server, session hash, key) about to be counted
+        lost here, the indexes another process took over: each claimed here
+        unless claimed already (one bounded round trip; none if Redis
+        fails, so they are counted here).  Called outside the tracker's lock."""
+        claims = [self._fate_key(*request) for request in requests]
+        writer, ttl = self.writer, self._ttl
+
+        def claim(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for name in claims:
+                pipe.set(name, writer, nx=True, ex=ttl)
+                pipe.get(name)
+            return pipe.execute()
+
+        answers = self.call(claim, "read")
+        if not answers:
+            return []
+        holders = answers[1::2]
+        return [
+            index
+            for index, holder in enumerate(holders)
+            if holder is not None
+            and (holder.decode() if isinstance(holder, bytes) else str(holder)) != writer
+        ]
 
     def _ledger_ops(self, pipe: Any, op: tuple) -> None:
         """Entries written (by this process, or by another whose requests

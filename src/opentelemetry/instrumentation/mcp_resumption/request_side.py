@@ -21,12 +21,13 @@ from .jsonrpc import calls_in, cancelled_in, responses_in
 from .records import NOTHING, Step
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from .breaks import Breaks
     from .cursors import CursorIndex
     from .fates import Broken, BrokenLedger
     from .requests import Operation, Reissues, Requests
+    from .sharing import Sharing
     from .subscriptions import LostSubscription, SubscriptionLedger
 
 __all__ = ["RequestSide"]
@@ -42,6 +43,7 @@ class RequestSide:
     breaks: Breaks
     broken: BrokenLedger
     subscriptions: SubscriptionLedger
+    sharing: Sharing
 
     @property
     def operations_done(self) -> list[Operation]:
@@ -149,15 +151,35 @@ class RequestSide:
             return self.subscriptions.due(time.monotonic(), window)
 
     def fates_due(self, window: float) -> Step:
-        """Broken requests whose reissue window has passed are lost."""
+        """Broken requests whose reissue window has passed are lost (but
+        those another process took over, with shared state)."""
+        now = time.monotonic()
+        elsewhere = self._taken_elsewhere(lambda: self.broken.due_entries(now, window))
         with self._lock:
-            return self.breaks.fated(self.broken.due(time.monotonic(), window))
+            return self.breaks.fated(self.broken.due(now, window, elsewhere))
 
     def all_lost(self, why: str) -> Step:
         """The client stops waiting for everything (the process exits): its
-        broken requests are lost, and so are the subscriptions still open."""
+        broken requests are lost (but those another process took over), and
+        so are the subscriptions still open."""
+        elsewhere = self._taken_elsewhere(self.broken.entries)
         with self._lock:
-            return self.breaks.all_lost(self.index.streams.values(), why)
+            return self.breaks.all_lost(self.index.streams.values(), why, elsewhere)
+
+    def _taken_elsewhere(self, pick: Callable[[], list[Broken]]) -> frozenset[tuple[int, str]]:
+        """Of the broken requests ``pick`` names (under the lock), those
+        another process of the shared state took over, asked of the store
+        outside the lock (one bounded round trip; none with the memory store)."""
+        store = self.sharing.store
+        if not store.shared:
+            return frozenset()
+        with self._lock:
+            picked = pick()
+            if not picked:
+                return frozenset()
+            asked = [(b.server, self.sharing.session_hash(b.session), b.key) for b in picked]
+        taken = store.fates_elsewhere(asked)
+        return frozenset((id(picked[i].session), picked[i].key) for i in taken)
 
     def all_subscriptions_due(self) -> list[LostSubscription]:
         """Every lost subscription still waiting: counted now (the exit)."""

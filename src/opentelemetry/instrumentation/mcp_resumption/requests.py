@@ -122,7 +122,7 @@ class Requests:
         broken = decided.broken
         ops = broken.session.ops
         op = ops.pop(broken.key, None) if ops else None
-        if op is not None:
+        if op is not None and decided.fate is not Fate.ELSEWHERE:  # its operation is theirs
             error = None if decided.fate is Fate.ANSWERED else FATE_ERRORS[decided.fate]
             self.operations_done.append((op[0], broken.key, op[1], error))
 

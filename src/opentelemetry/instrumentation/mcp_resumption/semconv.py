@@ -66,7 +66,8 @@ REQUEST_FATE = "mcp.resumption.request.fate"
 # The kinds counted on GAPS; a lost subscription is counted on its own
 # counter (LOST_SUBSCRIPTIONS), never as a gap of a resume.
 GAP_KINDS = tuple(kind.value for kind in GapKind if kind is not GapKind.SUBSCRIPTION_LOST)
-FATES = tuple(fate.value for fate in Fate)
+# The fates counted; ``elsewhere`` (another process of a shared state decides) never is.
+FATES = tuple(fate.value for fate in Fate if fate is not Fate.ELSEWHERE)
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
 PREVIOUS_TRANSPORTS = (NO_PREVIOUS_TRANSPORT, TRANSPORT_SSE, TRANSPORT_STREAMABLE_HTTP)
 

@@ -324,6 +324,10 @@ class Store(Protocol):
 
     def sweep(self, server: str) -> None: ...
 
+    def took_over(self, server: str, session_hash: str | None, keys: list[str]) -> None: ...
+
+    def fates_elsewhere(self, requests: list[tuple[str, str | None, str]]) -> Iterable[int]: ...
+
     def close(self) -> None: ...
 
 
@@ -357,6 +361,12 @@ class MemoryStore:
 
     def sweep(self, server: str) -> None:
         return None
+
+    def took_over(self, server: str, session_hash: str | None, keys: list[str]) -> None:
+        return None
+
+    def fates_elsewhere(self, requests: list[tuple[str, str | None, str]]) -> Iterable[int]:
+        return ()
 
     def close(self) -> None:
         return None

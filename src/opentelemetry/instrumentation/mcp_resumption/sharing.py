@@ -210,6 +210,8 @@ class Sharing:
             self.store.settled(
                 record.server, record.session_hash, list(restored.pending), writer=record.writer
             )
+            # And out of the writer's hands: it counts none of them lost.
+            self.store.took_over(record.server, record.session_hash, list(restored.pending))
             if not restored.server_closed:
                 # The stream broke there with these in flight, as a stream
                 # that breaks here records them (``Breaks.broken_stream``):
