@@ -260,3 +260,40 @@ def test_a_request_cut_on_one_instance_is_counted_once_by_the_fleet(
             fates[fate] = fates.get(fate, 0) + count
     assert verdicts(running, other)["broken"] == {("proxy_server", "answered"): 1}
     assert fates == {"answered": 1}, fates
+
+
+FALLBACKS = "mcp.client.resumption.state.fallbacks"
+
+
+@pytest.mark.parametrize("fault", ["killed", "paused"])
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
+def test_the_fleet_keeps_forwarding_on_memory_when_redis_fails(tmp_path, kind, fault) -> None:
+    """Redis is killed, or stops answering (SIGSTOP), once both instances
+    run: the call is still forwarded, cut and resumed on the other instance,
+    and answered; the other instance judges the resume as memory alone can
+    (``unverifiable``, never a gap it cannot prove), and the instances count
+    the fallback instead of failing.  Each operation is bounded, so a
+    paused Redis costs timeouts, not a hung call."""
+    redis = RedisServer(tmp_path)
+    try:
+
+        async def scenario() -> FleetStack:
+            async with fleet(sdk_app(IntegerEventStore()), redis, cut_client=True) as running:
+                if fault == "killed":
+                    redis.kill()
+                else:
+                    redis.pause()
+                async with AppClient(kind, running.url) as client:
+                    assert await client.call("x") == "done x"
+            return running
+
+        running = asyncio.run(scenario())
+        first, other, [cursor], replayed = wire_truth(running)
+        assert replayed and all(int(event_id) > int(cursor) for event_id in replayed), replayed
+        found = verdicts(running, other)
+        assert found["attempts"] == {("proxy_server", "unverifiable"): 1}, found
+        assert found["gaps"] == {}, found
+        fallbacks = {name: running.proxies[name].counts(FALLBACKS) for name in (first, other)}
+        assert all(sum(counted.values()) >= 1 for counted in fallbacks.values()), fallbacks
+    finally:
+        redis.close()
