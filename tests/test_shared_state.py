@@ -170,6 +170,38 @@ def test_a_password_in_the_url_or_the_standard_environment(guarded, monkeypatch,
         assert fallbacks.seen == []
 
 
+@pytest.fixture(scope="module")
+def tls_only(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis-tls"), tls=True)
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("how", ["rediss", "untrusted", "plain"])
+def test_rediss_verifies_the_server_and_shares_through_tls(tls_only, how):
+    """A Redis that speaks TLS only: ``rediss://`` with the CA named in the
+    URL shares records; ``rediss://`` without it (the system's CAs, which do
+    not know the test CA) is refused by the certificate check, and a plain
+    ``redis://`` gets no answer: both fall back to memory, counted."""
+    port = tls_only.port
+    url = {
+        "rediss": tls_only.url,
+        "untrusted": f"rediss://127.0.0.1:{port}/0",
+        "plain": f"redis://127.0.0.1:{port}/0",
+    }[how]
+    fallbacks = Fallbacks()
+    a = store(url, fallbacks)
+    broken_call(tracker(a), ids=["1", "2"])
+    a.flush()
+    found = a.lookup(SERVER, "2")
+    if how == "rediss":
+        assert found is not None and found.pending == {"7": "tools/call"}
+        assert fallbacks.seen == []
+        assert tls_only.client().dbsize() > 0  # written, through TLS
+    else:
+        assert found is None and fallbacks.seen and fallbacks.seen[0][0] == "write"
+
+
 # ---------------------------------------------------------------- the verdicts
 
 
