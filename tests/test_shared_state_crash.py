@@ -101,12 +101,15 @@ def run(state: str | None, redis_server: RedisServer):
             seers = [
                 await asyncio.create_subprocess_exec(
                     sys.executable, str(PROGRAM), "see", url, str(WAIT), env=env(state),
-                    stdout=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 )
                 for _ in range(2)
             ]
             outputs = await asyncio.gather(*(seer.communicate() for seer in seers))
-            found = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
+            found = [
+                {**json.loads(out.decode().strip().splitlines()[-1]), "stderr": err.decode()}
+                for out, err in outputs
+            ]
             return Truth(router), killed_at, found
         finally:
             await router.close()
@@ -133,5 +136,10 @@ def test_a_killed_process_s_call_is_lost_once_for_the_fleet(redis_server, state)
     assert all(set(seen["fates"]) <= {"lost"} for seen in found), found
     [counted] = lost
     assert counted["at"] - killed_at >= CONFIRM, "not before the reissue window"
+    # What a user reads first: the lost call's line, once, by the process
+    # that counted it, and its exit summary's lost_calls.
+    lines = [seen["stderr"].count("mcp-resumption lost call: server=") for seen in found]
+    assert sorted(lines) == [0, 1], [seen["stderr"] for seen in found]
+    assert "lost_calls=1" in counted["stderr"], counted["stderr"]
     if state == "redis":
         assert in_flight_entries(redis_server.client()) == 0, "claimed and removed"

@@ -19,7 +19,7 @@ from .facts import RequestFacts, StreamContext, exported_request_id
 from .fates import Broken, Decided
 from .jsonrpc import MAX_TOOL_NAME
 from .subscriptions import LostSubscription
-from .verdict_log import server_name, verdicts
+from .verdict_log import LOST, server_name, verdicts
 
 if TYPE_CHECKING:
     from .budget import LogBudget
@@ -93,6 +93,17 @@ class CallTelemetry:
         else:
             attributes[sc.SERVER_ADDRESS] = server
         self._broken.add(1, attributes)
+        # Read first by a user: the lost call's line, and in the exit summary.
+        verdicts.gap(server, LOST)
+        verdicts.finding(
+            server,
+            "",
+            "mcp-resumption lost call: server=%s method=%s: it was in flight in a process "
+            "that died (counted here, once for every process that shares the state); "
+            "re-issue it",
+            server,
+            method or "-",
+        )
 
     # ------------------------------------------------------ operations
 
