@@ -41,11 +41,7 @@ from .scenarios import (
     _GUARD_TIMEOUT_S,
     Scenario,
     ScenarioWire,
-    _attempt_of,
-    _events_of,
-    _initialize_session,
-    _request_id,
-    _resumes,
+    _record_call,
     _staged,
 )
 from .servers import IntEventStore, sdk_streamable_app
@@ -279,18 +275,10 @@ async def _proxied_row(
             "slow", {"steps": _STEPS}, read_timeout=_GUARD_TIMEOUT_S
         )
     exchanges = client.exchanges
-    call = next(x for x in exchanges if x.request.jsonrpc_method == "tools/call")
-    request_id = _request_id(call.request.jsonrpc or {})
+    _record_call(wire, exchanges)
     wire.severed = any(x.severed for x in exchanges + upstream.exchanges)
-    wire.session_id_before = _initialize_session(exchanges)
-    wire.received_before = _events_of(call)
-    wire.in_flight = {request_id: "tools/call"}
-    wire.resumes = [_attempt_of(x, request_id) for x in _resumes(exchanges)]
-    if wire.resumes:
-        wire.session_id_after = wire.resumes[-1].session_id_received
     # the client leg's broken call, as the demo's client half must count it
     wire.fates = broken_request_fates(exchanges)
-    wire.exchanges = exchanges
     wire.upstream_exchanges = upstream.exchanges
     wire.legs = proxy.counted
     wire.legs_on_the_wire = _legs_on_the_wire(exchanges, upstream.exchanges)

@@ -744,13 +744,13 @@ async def _sdk_poll(
                 await _abandon(call, router)
             with contextlib.suppress(asyncio.CancelledError):
                 wire.tool_result = await call
-        _record_polled_call(wire, router.exchanges)
+        _record_call(wire, router.exchanges)
         return wire
 
 
-def _record_polled_call(wire: ScenarioWire, exchanges: list[Exchange]) -> None:
-    """What crossed the wire for a session's one ``tools/call`` that the
-    server answered by polling: the call's stream and each re-poll."""
+def _record_call(wire: ScenarioWire, exchanges: list[Exchange]) -> None:
+    """What crossed the wire for a session's one ``tools/call``: the call's
+    stream and each resume of it (a re-poll, a reconnect)."""
     call = next(x for x in exchanges if x.request.jsonrpc_method == "tools/call")
     request_id = _request_id(call.request.jsonrpc or {})
     wire.session_id_before = _initialize_session(exchanges)

@@ -26,7 +26,7 @@ from .scenarios import (
     Scenario,
     ScenarioWire,
     _abandon,
-    _record_polled_call,
+    _record_call,
     _staged,
 )
 from .typescript_server import TsServer, prepare
@@ -117,7 +117,7 @@ async def _ts_poll(
                 wire.tool_result = await asyncio.wait_for(call, _GUARD_TIMEOUT_S)
         # The session's DELETE has been answered: the log is complete.
         wire.server_wire = server.wire()
-        _record_polled_call(wire, router.exchanges)
+        _record_call(wire, router.exchanges)
         return wire
 
 
