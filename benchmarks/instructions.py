@@ -171,16 +171,15 @@ REQUEST_HEADERS = {
 }
 
 
-def _events_sync(body: str, n: int) -> None:
+def _stub_transport(answer: Any) -> Any:
+    """An httpx transport whose connection pool answers every request with
+    ``answer(request)``'s bytes as an SSE response: no socket."""
     import httpcore
     import httpx
-    import httpx_sse
-
-    chunks = _chunks(body)
 
     class Pool:
         def handle_request(self, request: Any) -> Any:
-            return httpcore.Response(200, headers=_stream_headers(), content=iter(chunks))
+            return httpcore.Response(200, headers=_stream_headers(), content=answer(request))
 
         def close(self) -> None:
             pass
@@ -193,6 +192,15 @@ def _events_sync(body: str, n: int) -> None:
 
     transport = httpx.HTTPTransport()
     transport._pool = Pool()  # type: ignore[assignment]
+    return transport
+
+
+def _events_sync(body: str, n: int) -> None:
+    import httpx
+    import httpx_sse
+
+    chunks = _chunks(body)
+    transport = _stub_transport(lambda request: iter(chunks))
     with (
         httpx.Client(transport=transport) as client,
         httpx_sse.connect_sse(
@@ -416,28 +424,14 @@ def _resumes(n: int) -> None:
     """``n`` resumes, each of a cursor this process never saw (counted on
     across calls: the warm-up takes the first), each answered by the event
     after it."""
-    import httpcore
     import httpx
     import httpx_sse
 
-    class Pool:
-        def handle_request(self, request: Any) -> Any:
-            cursor = next(v for k, v in request.headers if k.lower() == b"last-event-id").decode()
-            body = _sse_body(1).replace(b"id: 1\n", f"id: {int(cursor) + 1}\n".encode())
-            return httpcore.Response(200, headers=_stream_headers(), content=iter([body]))
+    def the_event_after(request: Any) -> Any:
+        cursor = next(v for k, v in request.headers if k.lower() == b"last-event-id").decode()
+        return iter([_sse_body(1).replace(b"id: 1\n", f"id: {int(cursor) + 1}\n".encode())])
 
-        def close(self) -> None:
-            pass
-
-        def __enter__(self) -> Pool:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-    transport = httpx.HTTPTransport()
-    transport._pool = Pool()  # type: ignore[assignment]
-    with httpx.Client(transport=transport) as client:
+    with httpx.Client(transport=_stub_transport(the_event_after)) as client:
         for _ in range(n):
             cursor = _resume_cursor(_resumed[0])
             _resumed[0] += 1
