@@ -36,7 +36,7 @@ from opentelemetry.instrumentation.mcp_resumption import semconv as sc
 
 from .clients import MCP_MAJOR, WireEvent, response_id, sdk_streamable_session
 from .fates import broken_request_fates
-from .router import Backend, Exchange, ForwardedEvent, RequestHead, Route, Router
+from .router import Backend, Exchange, ForwardedEvent, Route, Router
 from .scenarios import (
     _GUARD_TIMEOUT_S,
     Scenario,
@@ -45,6 +45,7 @@ from .scenarios import (
     _staged,
 )
 from .servers import IntEventStore, sdk_streamable_app
+from .stateless_scenarios import cut_first_call
 
 __all__ = ["SCENARIOS"]
 
@@ -158,15 +159,7 @@ def _cuts_first_call(backend: Backend, *, drain: bool = False) -> Any:
     ``drain``: the router then reads the rest of the answer to its end, as a
     connection that died on the client's side only: the one behind it (the
     proxy) forwards the whole answer, past what its client got."""
-    cut: list[RequestHead] = []
-
-    def policy(request: RequestHead) -> Route:
-        if request.method == "POST" and request.jsonrpc_method == "tools/call" and not cut:
-            cut.append(request)
-            return Route(backend, sever_after=_after_progress, drain_upstream=drain)
-        return Route(backend)
-
-    return policy
+    return cut_first_call(backend, sever_after=_after_progress, drain_upstream=drain)
 
 
 def _answers(exchange: Exchange, request_id: object) -> bool:

@@ -38,16 +38,18 @@ _STEPS: Final = 3
 _EVENTS_BEFORE_CUT: Final = 1
 
 
-def cut_first_call(backend: Any) -> Any:
+def cut_first_call(backend: Any, **cut: Any) -> Any:
     """The balancer's idle timeout cuts the first tools/call's stream mid-call
     (the server finishes the call: only the client's leg dies); everything
-    else, the re-issued call too, goes through."""
-    cut: list[RequestHead] = []
+    else, the re-issued call too, goes through.  ``cut``: the ``Route``'s
+    own cut instead (where, and whether the router reads the answer on)."""
+    cut = cut or {"sever_after_events": _EVENTS_BEFORE_CUT, "drain_upstream": True}
+    taken: list[RequestHead] = []
 
     def policy(request: RequestHead) -> Route:
-        if request.method == "POST" and request.jsonrpc_method == "tools/call" and not cut:
-            cut.append(request)
-            return Route(backend, sever_after_events=_EVENTS_BEFORE_CUT, drain_upstream=True)
+        if request.method == "POST" and request.jsonrpc_method == "tools/call" and not taken:
+            taken.append(request)
+            return Route(backend, **cut)
         return Route(backend)
 
     return policy
