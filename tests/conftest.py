@@ -36,6 +36,17 @@ def raw_server():
     running.close()
 
 
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    """A real redis-server on a loopback port of its own (``redis_stack``),
+    one per test module: the shared-state and proxy-fleet tests flush it."""
+    from redis_stack import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="session")
 def shipped_stack(tmp_path_factory):
     """The whole demo, scraped by a real Prometheus on the shipped

@@ -38,13 +38,6 @@ GAP_KIND = "mcp.resumption.gap.kind"
 FATE = "mcp.resumption.request.fate"
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.close()
-
-
 MEMORY_FAILS = pytest.mark.xfail(
     strict=True,
     raises=AssertionError,

@@ -33,13 +33,6 @@ KEY = b"a fleet's shared key"
 SECRET = "sess-0f3a9c1e77b24d5a"  # a session id that must never reach Redis
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.close()
-
-
 @pytest.fixture
 def fresh(redis_server):
     """The server emptied and running, whatever the test before did to it."""
@@ -140,6 +133,21 @@ def test_a_url_and_a_key_open_the_redis_store(fresh):
         shared.close()
 
 
+def assert_shared_or_refused(url: str, *, shared: bool) -> None:
+    """A broken call's record through a store on ``url``: found again where
+    ``shared``; else not written, and the write's fallback counted."""
+    fallbacks = Fallbacks()
+    a = store(url, fallbacks)
+    broken_call(tracker(a), ids=["1", "2"])
+    a.flush()
+    found = a.lookup(SERVER, "2")
+    if shared:
+        assert found is not None and found.pending == {"7": "tools/call"}
+        assert fallbacks.seen == []
+    else:
+        assert found is None and fallbacks.seen and fallbacks.seen[0][0] == "write"
+
+
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory):
     server = RedisServer(tmp_path_factory.mktemp("redis-auth"), password="s3cret-pw")
@@ -158,16 +166,7 @@ def test_a_password_in_the_url_or_the_standard_environment(guarded, monkeypatch,
         url = f"redis://:nope@127.0.0.1:{guarded.port}/0"
     else:
         monkeypatch.setenv(how, "s3cret-pw")
-    fallbacks = Fallbacks()
-    a = store(url, fallbacks)
-    broken_call(tracker(a), ids=["1", "2"])
-    a.flush()
-    found = a.lookup(SERVER, "2")
-    if how == "wrong":
-        assert found is None and fallbacks.seen and fallbacks.seen[0][0] == "write"
-    else:
-        assert found is not None and found.pending == {"7": "tools/call"}
-        assert fallbacks.seen == []
+    assert_shared_or_refused(url, shared=how != "wrong")
 
 
 @pytest.fixture(scope="module")
@@ -189,17 +188,9 @@ def test_rediss_verifies_the_server_and_shares_through_tls(tls_only, how):
         "untrusted": f"rediss://127.0.0.1:{port}/0",
         "plain": f"redis://127.0.0.1:{port}/0",
     }[how]
-    fallbacks = Fallbacks()
-    a = store(url, fallbacks)
-    broken_call(tracker(a), ids=["1", "2"])
-    a.flush()
-    found = a.lookup(SERVER, "2")
+    assert_shared_or_refused(url, shared=how == "rediss")
     if how == "rediss":
-        assert found is not None and found.pending == {"7": "tools/call"}
-        assert fallbacks.seen == []
         assert tls_only.client().dbsize() > 0  # written, through TLS
-    else:
-        assert found is None and fallbacks.seen and fallbacks.seen[0][0] == "write"
 
 
 # ---------------------------------------------------------------- the verdicts

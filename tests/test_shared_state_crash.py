@@ -55,13 +55,6 @@ def hanging_app():
     return server.streamable_http_app()
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.close()
-
-
 def env(state: str | None) -> dict[str, str]:
     return process_env(state, CONFIRM)
 

@@ -54,13 +54,6 @@ CONFIRM = 1.0
 REPLACED_SESSION = "a-fresh-session-on-the-replacing-server"
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.close()
-
-
 async def replacing_server(scope, receive, send) -> None:
     """Seed 000's replacement: any request is a fresh session, 200, and a
     stream that starts from "now" (its own counter, at 1)."""
