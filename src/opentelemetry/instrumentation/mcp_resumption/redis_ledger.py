@@ -147,7 +147,7 @@ class InFlightLedger:
                 pipe.get(name)
             return pipe.execute()
 
-        answers = self.call(claim, "read")
+        answers = self.call(claim, "write")  # a claim: SET NX, then GET
         if not answers:
             return []
         holders = answers[1::2]
