@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import re
 import secrets
 import threading
 from collections import OrderedDict, deque
@@ -42,18 +41,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from httpx_sse import EventSource
 
-# Like an event store's retention: per stream, the last events up to both bounds.
-MAX_EVENTS = 1024
-MAX_BYTES = 4 * 1024 * 1024
-MAX_RELAYS = 1024
-MAX_EVENT_BYTES = 16 * 1024 * 1024
-# How long a relay reads on without a client before it lets the upstream go.
-LINGER = 30.0
+from .relay_terms import LINGER, MAX_BYTES, MAX_EVENT_BYTES, MAX_EVENTS, MAX_RELAYS, parse
 
 if TYPE_CHECKING:
     from .shared import SharedBuffer, SharedRelays
-
-_PROXY_ID = re.compile(r"^(p[0-9a-f]{8}-[0-9]+):([0-9]+)$")
 
 
 class Relay:
@@ -187,12 +178,12 @@ class Relays:
         return relay
 
     def find(self, cursor: str) -> tuple[Relay, int] | None:
-        match = _PROXY_ID.match(cursor)
-        if match is None:
+        parsed = parse(cursor)
+        if parsed is None:
             return None
         with self._lock:
-            relay = self._relays.get(match.group(1))
-        return None if relay is None else (relay, int(match.group(2)))
+            relay = self._relays.get(parsed[0])
+        return None if relay is None else (relay, parsed[1])
 
 
 class _Limited(httpx.AsyncByteStream):
