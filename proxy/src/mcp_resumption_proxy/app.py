@@ -47,6 +47,7 @@ from .forwarding import (
     read_body,
     request_id_of,
     respond,
+    with_forwarded,
 )
 from .passthrough import Passthrough
 
@@ -173,7 +174,7 @@ class ProxyApp(Passthrough):
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
-        upstream_headers = end_to_end(headers, b"host", b"content-length")
+        upstream_headers = with_forwarded(end_to_end(headers, b"host", b"content-length"), scope)
         relay = None
         if resume and self.relays is not None:
             found = self.relays.find(cursor)
