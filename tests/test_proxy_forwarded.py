@@ -84,9 +84,10 @@ def test_every_request_of_an_mcp_session_carries_them(kind, resumable) -> None:
     stream, the call, the session's DELETE), in each way the proxy forwards."""
     async def scenario() -> Stack:
         args = ("--resumable",) if resumable else ()
-        async with stack(sdk_app(), proxy_args=args) as running:
-            async with AppClient(kind, running.url) as client:
-                assert await client.call("x") == "done x"
+        async with stack(sdk_app(), proxy_args=args) as running, AppClient(
+            kind, running.url
+        ) as client:
+            assert await client.call("x") == "done x"
         return running
 
     running = asyncio.run(scenario())
