@@ -55,6 +55,8 @@ NOT_RESUMABLE = 'mcp_resumption_outcome="not_resumable"'
 NOT_RESUMABLE_SHARE = 0.5
 UNVERIFIABLE = 'mcp_resumption_outcome="unverifiable"'
 REJECTED = 'mcp_resumption_outcome="rejected"'
+# The series of mcp-resumption-proxy: each carries the leg it is about.
+LEG = 'mcp_resumption_leg=~".+"'
 SSE_TO_HTTP = 'mcp_transport="streamable-http", mcp_resumption_previous_transport="sse"'
 HTTP_TO_SSE = 'mcp_transport="sse", mcp_resumption_previous_transport="streamable-http"'
 NO_DATA = [{"type": "special", "options": {"match": "null", "result": {"text": "No data", "color": "text"}}}]
@@ -527,6 +529,30 @@ def build() -> dict[str, Any]:
         f"sum by ({BY_METHOD_AND_SERVER}, error_type) ({errors}) > 0",
         ["mcp_method_name", "server_address", "server_port", "error_type"], "errors",
         decimals=0,
+    ), 12, 8)
+
+    # Last again: the panels above keep their ids.  Only mcp-resumption-proxy
+    # puts mcp_resumption_leg on its series: a client's own show nothing here.
+    lay.row("Proxy legs")
+    lay.add(table(
+        "Proxy losses by leg and gap kind",
+        "mcp-resumption-proxy only: every gap in the time range, by the leg it happened on: "
+        "client_proxy (between client and proxy) or proxy_server (between proxy and server), "
+        "and by kind. orphaned_request and drain_race are lost tool calls. On client_proxy "
+        "the fix is in front of the proxy (what cuts the clients' connections; --resumable "
+        "keeps the answers for the client's resume); on proxy_server it is the server's "
+        "(an event store, sticky sessions). Empty means no gap on either leg, or no proxy.",
+        f"sum by (mcp_resumption_leg, mcp_resumption_gap_kind) ({inc(GAPS, LEG)}) > 0",
+        ["mcp_resumption_leg", "mcp_resumption_gap_kind"], "gaps", decimals=0,
+    ), 12, 8)
+    lay.add(timeseries(
+        "Proxy broken calls by leg and fate",
+        "mcp-resumption-proxy only: JSON-RPC requests whose answer stream broke, per second, "
+        "by leg (client_proxy: between client and proxy; proxy_server: between proxy and "
+        "server) and fate: answered (came later), reissued (sent again), lost (neither: a "
+        "lost tool call). lost above 0 on a leg is a call lost there.",
+        [target(f"sum by (mcp_resumption_leg, mcp_resumption_request_fate) ({rate(BROKEN, LEG)})",
+                "{{mcp_resumption_leg}} {{mcp_resumption_request_fate}}")], "reqps",
     ), 12, 8)
 
     links = [

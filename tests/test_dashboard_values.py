@@ -322,6 +322,14 @@ def compare(prometheus: Prometheus, rows: list[dict], at: float) -> list[tuple]:
     true_errors = {key: float(n) for key, n in t["operation_errors"].items() if n}
     check(title, shown_errors, true_errors, shown_errors == true_errors)
 
+    # mcp-resumption-proxy's legs: the demo's scraped process is no proxy, so
+    # no series carries a leg (tests/test_dashboard_legs.py scrapes a proxy)
+    title = "Proxy losses by leg and gap kind"
+    result = instant(prometheus, found[title]["targets"][0]["expr"], at)
+    check(title, f"{len(result)} rows", "0 rows", not result)
+    rates("Proxy broken calls by leg and fate",
+          ("mcp_resumption_leg", "mcp_resumption_request_fate"), {})
+
     title = "Breaks not resumable by server"
     result = instant(prometheus, found[title]["targets"][0]["expr"], at)
     shown_share = {r["metric"]["server_port"]: float(r["value"][1]) for r in result}

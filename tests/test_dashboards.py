@@ -69,6 +69,9 @@ HISTOGRAMS = frozenset(
 )  # fmt: skip
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 SCRAPE_LABELS = frozenset({"job", "instance"})
+# mcp-resumption-proxy adds the leg to every metric point it exports
+# (proxy/src/mcp_resumption_proxy/legs.py).
+PROXY_LABELS = frozenset({"mcp_resumption_leg"})
 
 OUTCOMES = frozenset(
     {"resumed", "caught_up", "gap", "reinitialized", "rejected", "unverifiable",
@@ -275,7 +278,7 @@ def check_expr_metrics(expr: str, where: str) -> ParsedExpr:
         assert base not in HISTOGRAMS or selector.name != base, (
             f"{where}: histogram {base} needs a _bucket/_sum/_count suffix"
         )
-        labels = METRIC_LABELS[base] | SCRAPE_LABELS
+        labels = METRIC_LABELS[base] | SCRAPE_LABELS | PROXY_LABELS
         if selector.name.endswith("_bucket"):
             labels = labels | {"le"}
         available |= labels
@@ -476,6 +479,15 @@ def test_dashboard_has_the_agreed_panels(dashboard: dict[str, Any]) -> None:
     assert some(
         r'mcp_client_operation_duration_seconds_count\{[^}]*error_type!=""\}.* / sum by '
         r"\(mcp_method_name, server_address, server_port\)"
+    )
+    # mcp-resumption-proxy's losses split by the leg they happened on
+    assert some(
+        r"sum by \(mcp_resumption_leg, mcp_resumption_gap_kind\) \(increase\("
+        r'mcp_client_resumption_gaps_total\{[^}]*mcp_resumption_leg=~"\.\+"\}'
+    )
+    assert some(
+        r"sum by \(mcp_resumption_leg, mcp_resumption_request_fate\) \(rate\("
+        r'mcp_client_resumption_broken_requests_total\{[^}]*mcp_resumption_leg=~"\.\+"\}'
     )
     # the share of breaks not resumable, per server: not_resumable over every attempt
     assert some(
@@ -754,7 +766,8 @@ def test_promtool(args: tuple[str, ...]) -> None:
 def test_dashboard_rows_variables_and_import(dashboard: dict[str, Any]) -> None:
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
     assert rows == ["Overview", "SLO and error budget", "Gaps", "Latency", "Per server",
-                    "Broken calls", "Subscriptions and re-issues", "Operations"]  # fmt: skip
+                    "Broken calls", "Subscriptions and re-issues", "Operations",
+                    "Proxy legs"]  # fmt: skip
     variables = _variables(dashboard)
     assert {"datasource", "job", "instance", "server_address", "slo_target"} <= set(variables)
     assert variables["server_address"]["query"]["query"].endswith(", server_address)")

@@ -47,6 +47,7 @@ from .forwarding import (
     read_body,
     request_id_of,
     respond,
+    with_forwarded,
 )
 from .passthrough import Passthrough
 
@@ -173,7 +174,7 @@ class ProxyApp(Passthrough):
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
-        upstream_headers = end_to_end(headers, b"host", b"content-length")
+        upstream_headers = with_forwarded(end_to_end(headers, b"host", b"content-length"), scope)
         relay = None
         if resume and self.relays is not None:
             found = self.relays.find(cursor)
@@ -201,6 +202,13 @@ class ProxyApp(Passthrough):
                     (k, relay.upstream_last_id.encode("latin-1") if k.lower() == b"last-event-id"
                      else v) for k, v in upstream_headers
                 ]
+        if self.relays is not None and method == "GET" and cursor is None:
+            # The client re-opens a standalone GET stream the proxy still
+            # holds: the server would refuse a second one (409).
+            held = self.relays.standalone(session_id, headers)
+            if held is not None:
+                await self._follow(receive, send, held, held.written, held.headers, held.status)
+                return
         request = httpx.Request(
             method,
             self.upstream_origin + target.decode("latin-1"),
@@ -244,6 +252,9 @@ class ProxyApp(Passthrough):
                 relay = self.relays.new(session or session_id)
                 start_headers = end_to_end(list(response.headers.raw), b"content-length")
                 status = response.status_code
+                if method == "GET" and cursor is None and status == 200 and (session or session_id):
+                    self.relays.hold_standalone(relay, session or session_id, headers, status,
+                                                start_headers)
                 resumable.start(relay, response, self._forwarded(session or session_id))
                 response = None
                 await self._follow(receive, send, relay, 0, start_headers, status)

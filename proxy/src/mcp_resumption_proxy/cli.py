@@ -171,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         # The access log prints paths and queries: the legacy transport's
         # carry the raw session id.
         access_log=False,
+        # The client's address and scheme as the socket gives them: the proxy
+        # appends its own peer to X-Forwarded-For, and the server decides
+        # whom it trusts (uvicorn would put a forwarded address in their place).
+        proxy_headers=False,
         lifespan="on",
         server_header=False,
         date_header=False,

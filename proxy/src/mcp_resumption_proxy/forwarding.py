@@ -1,9 +1,10 @@
 # Copyright The OpenTelemetry Authors
 # SPDX-License-Identifier: Apache-2.0
 """The pieces of the forwarding that know HTTP, not MCP: which headers go
-end to end, the tee that hands the upstream's bytes on as httpx reads them
-(``Tee``), the request's body, the legacy ``endpoint`` event's rewrite, and
-the ASGI answers the proxy makes itself.  ``app.ProxyApp`` composes them.
+end to end and the ``X-Forwarded-*`` the proxy adds, the tee that hands the
+upstream's bytes on as httpx reads them (``Tee``), the request's body, the
+legacy ``endpoint`` event's rewrite, and the ASGI answers the proxy makes
+itself.  ``app.ProxyApp`` composes them.
 """
 
 from __future__ import annotations
@@ -81,6 +82,36 @@ def connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
 def end_to_end(headers: list[tuple[bytes, bytes]], *also: bytes) -> list[tuple[bytes, bytes]]:
     drop = HOP_BY_HOP | connection_tokens(headers) | frozenset(also)
     return [(key, value) for key, value in headers if key.lower() not in drop]
+
+
+def with_forwarded(headers: list[tuple[bytes, bytes]], scope: Scope) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``X-Forwarded-For``, ``-Proto`` and ``-Host`` for the
+    upstream: the client's ``X-Forwarded-For`` list kept and the proxy's
+    peer appended (so a server trusting the proxy finds the client's
+    address where it looks, the nearest untrusted hop); the client's own
+    ``-Proto`` and ``-Host`` kept (a TLS terminator in front of the proxy
+    names the scheme and host the user typed), else the proxy's scheme and
+    the ``Host`` the client asked the proxy for."""
+    drop = (b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host")
+    kept = [(key, value) for key, value in headers if key.lower() not in drop]
+    chain = [value.strip() for key, value in headers
+             if key.lower() == b"x-forwarded-for" and value.strip()]
+    client = scope.get("client")
+    chain.append(str(client[0]).encode("latin-1") if client else b"unknown")
+    kept.append((b"x-forwarded-for", b", ".join(chain)))
+    scheme = str(scope.get("scheme") or "http").encode("latin-1")
+    kept.append((b"x-forwarded-proto", header_of(headers, b"x-forwarded-proto") or scheme))
+    # ``headers`` come without Host (the upstream's is set by httpx): the
+    # client's is in the request as it arrived.
+    host = header_of(headers, b"x-forwarded-host") or header_of(
+        list(scope.get("headers") or ()), b"host")
+    if host is None and scope.get("server"):
+        name, port = scope["server"][0], scope["server"][1]
+        shown = f"[{name}]" if ":" in str(name) else str(name)
+        host = (shown if port is None else f"{shown}:{port}").encode("latin-1")
+    if host:
+        kept.append((b"x-forwarded-host", host))
+    return kept
 
 
 def header_of(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:

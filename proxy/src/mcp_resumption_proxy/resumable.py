@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import itertools
-import re
 import secrets
 import threading
 from collections import OrderedDict, deque
@@ -42,18 +43,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from httpx_sse import EventSource
 
-# Like an event store's retention: per stream, the last events up to both bounds.
-MAX_EVENTS = 1024
-MAX_BYTES = 4 * 1024 * 1024
-MAX_RELAYS = 1024
-MAX_EVENT_BYTES = 16 * 1024 * 1024
-# How long a relay reads on without a client before it lets the upstream go.
-LINGER = 30.0
+from .relay_terms import LINGER, MAX_BYTES, MAX_EVENT_BYTES, MAX_EVENTS, MAX_RELAYS, parse
 
 if TYPE_CHECKING:
     from .shared import SharedBuffer, SharedRelays
-
-_PROXY_ID = re.compile(r"^(p[0-9a-f]{8}-[0-9]+):([0-9]+)$")
 
 
 class Relay:
@@ -69,6 +62,13 @@ class Relay:
         self.ended = False
         self.failed = False
         self.followers = 0
+        # The number of the last event written to a client: where a client
+        # re-opening this stream without a cursor is served from.
+        self.written = 0
+        # A standalone GET stream's answer, for the client that re-opens it.
+        self.status = 200
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.credentials = b""
         self.task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._linger: asyncio.TimerHandle | None = None
@@ -130,6 +130,7 @@ class Relay:
                     after = self.last
                     missing.reverse()
                     yield b"".join(missing)
+                    self.written = max(self.written, after)  # the client's write returned
                 if self.ended and after >= self.last:
                     return
                 await changed.wait()
@@ -149,12 +150,54 @@ class Relays:
         self._count = itertools.count(1)
         self._lock = threading.Lock()
         self.shared = shared
+        # Per session, the key of its standalone GET stream's relay.
+        self._standalone: OrderedDict[str, str] = OrderedDict()
 
     def new(self, session: str | None = None, key: str | None = None) -> Relay:
         key = key or f"p{self._prefix}-{next(self._count)}"
         shared = None if self.shared is None else self.shared.buffer(key, session)
         relay = Relay(key, shared)
         self._add(relay)
+        return relay
+
+    def hold_standalone(
+        self,
+        relay: Relay,
+        session: str,
+        request_headers: list[tuple[bytes, bytes]],
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        """``relay`` reads ``session``'s standalone GET stream (a GET without
+        a cursor): a server allows one per session, so the client that
+        re-opens it after a break is handed this one (``standalone``)."""
+        relay.status, relay.headers = status, headers
+        relay.credentials = _credentials(request_headers)
+        with self._lock:
+            self._standalone[session] = relay.key
+            self._standalone.move_to_end(session)
+            while len(self._standalone) > MAX_RELAYS:
+                self._standalone.popitem(last=False)
+
+    def standalone(
+        self, session: str | None, request_headers: list[tuple[bytes, bytes]]
+    ) -> Relay | None:
+        """The standalone GET stream of ``session`` that the proxy still reads
+        with no client on it (its client's leg broke), if the request asking
+        for it carries the same credentials as the one that opened it; else
+        None, and the request goes to the server, which judges it."""
+        if session is None:
+            return None
+        with self._lock:
+            key = self._standalone.get(session)
+            relay = None if key is None else self._relays.get(key)
+            if relay is None or relay.ended:
+                self._standalone.pop(session, None)
+                return None
+        if relay.followers or not hmac.compare_digest(
+            relay.credentials, _credentials(request_headers)
+        ):
+            return None
         return relay
 
     def _add(self, relay: Relay) -> None:
@@ -187,12 +230,22 @@ class Relays:
         return relay
 
     def find(self, cursor: str) -> tuple[Relay, int] | None:
-        match = _PROXY_ID.match(cursor)
-        if match is None:
+        parsed = parse(cursor)
+        if parsed is None:
             return None
         with self._lock:
-            relay = self._relays.get(match.group(1))
-        return None if relay is None else (relay, int(match.group(2)))
+            relay = self._relays.get(parsed[0])
+        return None if relay is None else (relay, parsed[1])
+
+
+def _credentials(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A digest of what authenticates a request (its Authorization and
+    cookies): kept instead of the values."""
+    digest = hashlib.sha256()
+    for key, value in headers:
+        if key.lower() in (b"authorization", b"cookie"):
+            digest.update(key.lower() + b"\0" + value + b"\0")
+    return digest.digest()
 
 
 class _Limited(httpx.AsyncByteStream):

@@ -15,7 +15,7 @@ saw: it looks the record up).  The downstream leg needs two things more:
   at the end of each response (the ids forwarded since the last write,
   batched on the store's writer thread), never per event; read once per
   resume of a cursor this instance never forwarded.
-* the ``--resumable`` buffers (``resumable.SharedRelays``).
+* the ``--resumable`` buffers (``SharedRelays``).
 
 Both go through the client half's store (``redis_state.RedisStore``): one
 connection pool, one writer thread, one breaker, its timeouts and its
@@ -25,12 +25,15 @@ fallback counter.  With the memory store (the default) nothing here runs.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 from opentelemetry.instrumentation.mcp_resumption.shared_state import _hide, _show
+
+from .relay_terms import LINGER, MAX_EVENTS, parse
 
 # Seconds every key of the proxy's lives (renewed at each write): as the
 # client half's records (redis_state.TTL).
@@ -104,7 +107,7 @@ class SharedRelays:
     """The ``--resumable`` buffers of the fleet: per relay (``<key>`` is the
     relay's id prefix, ``p<8 hex>-<n>``, random per process), a Redis stream
     ``mcpres:v1:r:<key>`` of its events (each ``XADD`` under the event's
-    number, trimmed to ``resumable.MAX_EVENTS``) and a hash
+    number, trimmed to ``relay_terms.MAX_EVENTS``) and a hash
     ``mcpres:v1:rs:<key>`` of its state, both hashed keys, ``BUFFER_TTL``."""
 
     def __init__(self, store: Any) -> None:
@@ -117,12 +120,10 @@ class SharedRelays:
         """The relay of another instance that issued ``cursor``, if its state
         is in Redis and it was read in ``session_id`` (a cursor never opens
         another session's events); one bounded read, on the caller's thread."""
-        from .resumable import _PROXY_ID
-
-        match = _PROXY_ID.match(cursor)
-        if match is None:
+        parsed = parse(cursor)
+        if parsed is None:
             return None
-        key = match.group(1)
+        key = parsed[0]
         state_key = self.store.key("rs", key)
         raw = self.store.call(lambda client: client.hgetall(state_key))
         if not raw:
@@ -148,8 +149,6 @@ class SharedBuffer:
     since its last round trip."""
 
     def __init__(self, store: Any, key: str, session: str | None, written: int = 0) -> None:
-        import threading
-
         self.store = store
         self.events_key = store.key("r", key)
         self.state_key = store.key("rs", key)
@@ -178,8 +177,6 @@ class SharedBuffer:
     def _write(self, pipe: Any, relay: Any) -> None:
         """On the writer thread: what queued, and the relay's state as it was
         before (so an end is never written ahead of its last events)."""
-        from .resumable import MAX_EVENTS
-
         with self._lock:
             self._queued = False
         ended, failed, upstream_last = relay.ended, relay.failed, relay.upstream_last_id
@@ -266,8 +263,6 @@ class RemoteRelay:
     async def follow(self, after: int) -> AsyncIterator[bytes]:
         """The frames after ``after``, then each new one the relay's instance
         writes, until its relay ends (or nothing comes for ``LINGER``)."""
-        from .resumable import LINGER
-
         idle_since = time.monotonic()
         while True:
             found = await asyncio.to_thread(self.read, after)
