@@ -16,15 +16,12 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.mcp2
-pytest.importorskip("fastmcp_tasks")
+from helpers import console_metrics, scope_counts
+from opentelemetry.instrumentation.mcp_resumption.verdict_log import verdicts
 
-from fastmcp import Client  # noqa: E402
-from fastmcp_tasks import call_tool_task  # noqa: E402
-
-from helpers import console_metrics, scope_counts  # noqa: E402
-from opentelemetry.instrumentation.mcp_resumption.verdict_log import verdicts  # noqa: E402
-from tasks_stack import TaskRouter, TaskServer, switchable  # noqa: E402
+# fastmcp-tasks needs mcp >= 2.3 and is installed in the tasks environment
+# of scripts/test only: imported by the tests, never at collection.
+pytestmark = [pytest.mark.mcp2, pytest.mark.fastmcp_tasks]
 
 TASKS = "mcp.client.resumption.tasks"
 FATE = "mcp.resumption.task.fate"
@@ -39,6 +36,8 @@ class Stack:
     """The server (restartable), the router in front of it, and the truth."""
 
     def __init__(self, cut=lambda request: False, **server) -> None:
+        from tasks_stack import TaskRouter, TaskServer, switchable
+
         self.server = TaskServer(**server)
         self.servers = [self.server]
         self.router = TaskRouter(switchable(lambda: self.server, cut))
@@ -50,7 +49,7 @@ class Stack:
     def restart(self) -> None:
         """The server restarts without a durable store: a new instance (a new
         memory backend) takes the route, the old one stops."""
-        old, self.server = self.server, TaskServer("restarted")
+        old, self.server = self.server, type(self.server)("restarted")
         self.servers.append(self.server)
         old.close()
 
@@ -76,6 +75,18 @@ def stack_of():
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def Client(url):
+    from fastmcp import Client as FastMcpClient
+
+    return FastMcpClient(url)
+
+
+async def call_tool_task(client, name, arguments):
+    from fastmcp_tasks import call_tool_task as call
+
+    return await call(client, name, arguments)
 
 
 def fates(telemetry) -> dict[str, int]:
