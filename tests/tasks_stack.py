@@ -1,7 +1,5 @@
 """A real fastmcp-tasks server (FastMCP 4 with the memory backend, in a
-thread of its own, restartable) behind the demo's loopback router, which
-records every request and the whole body of every answer (JSON or SSE) as
-the wire truth, and can cut one answer's body half way.
+thread of its own, restartable), to put behind ``task_wire.TaskRouter``.
 
 Used by tests/test_tasks.py, and run as a program by its subprocess tests
 (``python tasks_stack.py serve``: prints the port, serves until stdin closes).
@@ -16,7 +14,6 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from datetime import timedelta
 
 import uvicorn
@@ -24,8 +21,9 @@ from fastmcp import FastMCP
 from fastmcp.utilities.tasks import TaskConfig
 from fastmcp_tasks import TasksExtension
 
-from mcp_resumption_demo.router import Backend, Exchange, RequestHead, Route
-from wire import WireRouter
+from task_wire import TaskRouter, cut_body_route, switchable
+
+__all__ = ["TaskRouter", "TaskServer", "cut_body_route", "switchable"]
 
 # Bounds a failing test's wait, never what a passing one waits for.
 GATE_TIMEOUT_S = 30.0
@@ -123,58 +121,6 @@ class TaskServer:
         self.release.set()
         self.server.should_exit = True
         self.thread.join(timeout=10)
-
-
-class TaskRouter(WireRouter):
-    """The router, keeping every answer's whole body, and cutting an
-    answer's body half way where the policy's route says ``cut_body``."""
-
-    def __init__(self, policy, **kwargs) -> None:
-        super().__init__(policy, **kwargs)
-        self.bodies: dict[int, bytearray] = {}
-        router = self
-
-        def scan(scanner, piece: bytes, route: Route, exchange: Exchange) -> int | None:
-            if getattr(route, "cut_body", False) and piece:
-                cut = max(1, len(piece) // 2)
-                router.bodies.setdefault(exchange.index, bytearray()).extend(piece[:cut])
-                return cut
-            router.bodies.setdefault(exchange.index, bytearray()).extend(piece)
-            return WireRouter._scan(scanner, piece, route, exchange)
-
-        self._scan = scan  # type: ignore[method-assign]
-
-    def answer(self, exchange: Exchange) -> dict | None:
-        """The JSON-RPC answer that crossed the wire whole, or None."""
-        body = bytes(self.bodies.get(exchange.index, b""))
-        if exchange.severed or not body:
-            return None
-        if (exchange.response_header("content-type") or "").startswith("text/event-stream"):
-            for line in body.decode().splitlines():
-                if line.startswith("data:") and '"id"' in line:
-                    return json.loads(line[5:])
-            return None
-        return json.loads(body)
-
-    def of(self, method: str) -> list[Exchange]:
-        return [e for e in self.exchanges if e.request.jsonrpc_method == method]
-
-
-def cut_body_route(backend: Backend) -> Route:
-    route = Route(backend)
-    object.__setattr__(route, "cut_body", True)  # frozen dataclass: an extra flag
-    return route
-
-
-def switchable(current: Callable[[], TaskServer], cut: Callable[[RequestHead], bool]):
-    """A policy to whichever server ``current`` names (a restart switches
-    it), cutting the answers ``cut`` picks."""
-
-    def policy(request: RequestHead) -> Route:
-        backend = Backend("server", current().port)
-        return cut_body_route(backend) if cut(request) else Route(backend)
-
-    return policy
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["serve"]:

@@ -217,6 +217,8 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels, Ta
                 return candidate
             return None
         self.server_seen(facts.host, facts.port)
+        if facts.tasks and status == 404 and facts.session_id:
+            self.session_gone(facts)  # a 2025-11-25 server's tasks went with it
         if resume is None and facts.last_event_id is not None:
             resume = self.begin_request(replace(facts, mcp=True))
         if not event_stream:

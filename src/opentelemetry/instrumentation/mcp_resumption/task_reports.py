@@ -132,6 +132,17 @@ class TaskReports:
                     ended += self.task_ledger.answered(request, message)
         self._tasks_ended(ended)
 
+    def session_gone(self, facts: RequestFacts) -> None:
+        """The server answered 404 to the session id ``facts`` carried: it no
+        longer knows the session, and the tasks of a 2025-11-25 server belong
+        to their session."""
+        requests, facts.tasks = facts.tasks or {}, None
+        ended: list[Ended] = []
+        with self._tasks_lock:
+            for request in requests.values():
+                ended += self.task_ledger.gone(request)
+        self._tasks_ended(ended)
+
     def tasks_unanswered(self, facts: RequestFacts) -> None:
         """The answer to the requests kept on ``facts`` never came: the JSON
         body was cut or not read, or the request failed after it was sent."""

@@ -34,7 +34,8 @@ The fates (``Fate``), one per task:
   work stopped (fastmcp-tasks labels it at once, mcp 1.30's default cancel
   only relabels it while the work runs on).
 * ``lost``: the server answered "not found" for a handle it gave out, before
-  the task's TTL could have run out.
+  the task's TTL could have run out (or, on 2025-11-25, 404 for the session
+  the task belonged to).
 * ``expired``: the same answer once the TTL may have run out.  Servers answer
   an expired task exactly as an unknown one, and count the TTL from different
   moments (the specification suggests ``createdAt``; fastmcp-tasks starts it
@@ -260,6 +261,16 @@ class TaskLedger:
         if method == "tasks/cancel":
             task.cancel_acked = True
         return self._status(task, result, wall)
+
+    def gone(self, request: TaskRequest, wall: float | None = None) -> list[Ended]:
+        """The server no longer knows the session ``request`` was sent in
+        (HTTP 404 to a session id, 2025-11-25): its tasks belonged to that
+        session, so the task it names is gone, as a "not found" would say."""
+        task = self._open.get((request.server, request.task_id or ""))
+        if task is None:
+            return []
+        wall = time.time() if wall is None else wall
+        return [self._end(task, Fate.EXPIRED if self._expired(task, wall) else Fate.LOST)]
 
     def notified(
         self, server: str, params: Any, wall: float | None = None
