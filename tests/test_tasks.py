@@ -133,6 +133,10 @@ def test_a_task_that_completes_is_completed_with_its_polls_and_life(telemetry, s
     assert point.attributes["mcp.transport"] == "streamable-http"
     assert point.attributes["server.address"] == "127.0.0.1"
     assert "mcp.resumption.task.cancel_ignored" not in point.attributes
+    # Every fate's series of the server starts at 0 once it is seen.
+    zero = {p.attributes[FATE] for p in telemetry.points(TASKS) if p.value == 0}
+    assert zero == {"completed", "failed", "cancelled", "lost", "expired", "abandoned",
+                    "handle_lost"}
     (life,) = [p for p in telemetry.points(DURATION) if p.count]
     assert life.count == 1 and life.attributes[FATE] == "completed"
     (polled,) = [p for p in telemetry.points(POLLS) if p.count]
