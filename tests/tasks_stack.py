@@ -82,6 +82,11 @@ class TaskServer:
     def knows(self, task_id: str) -> bool:
         """Asked of the server directly (urllib: no plugin sees it): whether
         ``tasks/get`` still finds the task."""
+        return self.status(task_id) is not None
+
+    def status(self, task_id: str) -> str | None:
+        """The task's status as the server answers ``tasks/get`` to a request
+        of the test's own (urllib: no plugin sees it); None: not found."""
         body = json.dumps(
             {
                 "jsonrpc": "2.0",
@@ -115,7 +120,7 @@ class TaskServer:
                 answer = json.loads(response.read())
         except urllib.error.HTTPError as error:
             answer = json.loads(error.read())
-        return "result" in answer
+        return answer["result"]["status"] if "result" in answer else None
 
     def close(self) -> None:
         self.release.set()

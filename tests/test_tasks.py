@@ -272,7 +272,9 @@ def test_a_cancelled_task_is_clean_and_a_late_cancel_is_ignored(telemetry, stack
             cancelled = await honoured.status()
             late = await call_tool_task(client, "gated", {"n": 2})
             stack.server.release.set()
-            await asyncio.to_thread(stack.server.ended.wait, 30)
+            # The server's own truth: the work ended, its task is completed.
+            while await asyncio.to_thread(stack.server.status, late.task_id) != "completed":
+                await asyncio.sleep(0.05)
             await late.cancel()
             done = await late.result()
         await stack.router.close()
