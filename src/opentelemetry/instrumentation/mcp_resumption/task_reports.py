@@ -110,8 +110,8 @@ class TaskReports:
         that ``tasks_sent`` kept requests of."""
         if not facts.tasks or len(answer) > MAX_ANSWER_BYTES:
             return
-        if isinstance(answer, str) and '"id"' not in answer:
-            return  # a notification on the request's stream
+        if isinstance(answer, str) and '"id"' not in answer and "notifications/tasks" not in answer:
+            return  # another notification on the request's stream
         try:
             parsed = loads(answer)
         except (ValueError, TypeError, RecursionError):
