@@ -108,7 +108,15 @@ class TaskReports:
     def tasks_answered(self, facts: RequestFacts, answer: bytes | str) -> None:
         """A JSON answer, or an SSE event's data, on the answer of a request
         that ``tasks_sent`` kept requests of."""
-        if not facts.tasks or len(answer) > MAX_ANSWER_BYTES:
+        requests = facts.tasks
+        if not requests or len(answer) > MAX_ANSWER_BYTES:
+            return
+        if isinstance(answer, bytes):
+            listed = b"taskSupport" in answer
+        else:  # an SSE event: maybe not the answer yet (a priming event, a notification)
+            listed = "taskSupport" in answer or '"result"' not in answer
+        if not listed and all(r.method == "tools/list" for r in requests.values()):
+            facts.tasks = None  # a list without task support says nothing: no parse
             return
         if isinstance(answer, str) and '"id"' not in answer and "notifications/tasks" not in answer:
             return  # another notification on the request's stream
