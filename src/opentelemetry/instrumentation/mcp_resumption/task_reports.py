@@ -27,6 +27,8 @@ from .jsonrpc import loads, request_key
 from .tasks import EXTENSION, Ended, TaskLedger, TaskRequest
 
 if TYPE_CHECKING:  # annotations only
+    from collections.abc import Callable
+
     from .facts import RequestFacts, StreamContext
     from .fates import Decided
     from .telemetry import TelemetrySink
@@ -144,24 +146,25 @@ class TaskReports:
         """The server answered 404 to the session id ``facts`` carried: it no
         longer knows the session, and the tasks of a 2025-11-25 server belong
         to their session."""
-        requests, facts.tasks = facts.tasks or {}, None
-        ended: list[Ended] = []
-        with self._tasks_lock:
-            for request in requests.values():
-                ended += self.task_ledger.gone(request)
-        self._tasks_ended(ended)
+        self._settle(facts, TaskLedger.gone)
 
     def tasks_unanswered(self, facts: RequestFacts) -> None:
         """The answer to the requests kept on ``facts`` never came: the JSON
         body was cut or not read, or the request failed after it was sent."""
-        requests = facts.tasks
+        self._settle(facts, TaskLedger.unanswered)
+
+    def _settle(
+        self, facts: RequestFacts, decide: Callable[[TaskLedger, TaskRequest], list[Ended]]
+    ) -> None:
+        """The requests kept on ``facts`` will get no answer: ``decide``
+        what that means for each, and report it."""
+        requests, facts.tasks = facts.tasks, None
         if not requests:
             return
-        facts.tasks = None
         ended: list[Ended] = []
         with self._tasks_lock:
             for request in requests.values():
-                ended += self.task_ledger.unanswered(request)
+                ended += decide(self.task_ledger, request)
         self._tasks_ended(ended)
 
     def request_unanswered(self, facts: RequestFacts, error: str) -> None:

@@ -249,8 +249,7 @@ class TaskLedger:
             return []
         if isinstance(error, dict):
             if error.get("code") == NOT_FOUND:
-                fate = Fate.EXPIRED if self._expired(task, wall) else Fate.LOST
-                return [self._end(task, fate)]
+                return [self._not_found(task, wall)]
             return []  # another refusal: the client may ask again
         if not isinstance(result, dict):
             return []
@@ -269,8 +268,7 @@ class TaskLedger:
         task = self._open.get((request.server, request.task_id or ""))
         if task is None:
             return []
-        wall = time.time() if wall is None else wall
-        return [self._end(task, Fate.EXPIRED if self._expired(task, wall) else Fate.LOST)]
+        return [self._not_found(task, time.time() if wall is None else wall)]
 
     def notified(
         self, server: str, params: Any, wall: float | None = None
@@ -405,8 +403,11 @@ class TaskLedger:
             return [self._end(task, Fate.FAILED)]
         return [self._end(task, Fate(status))]
 
-    def _expired(self, task: _Task, wall: float) -> bool:
-        return task.ttl_s is not None and wall >= task.alive_wall + task.ttl_s
+    def _not_found(self, task: _Task, wall: float) -> Ended:
+        """The server no longer knows the task: expired if its TTL may have
+        run out (counted from the latest moment it was seen), else lost."""
+        expired = task.ttl_s is not None and wall >= task.alive_wall + task.ttl_s
+        return self._end(task, Fate.EXPIRED if expired else Fate.LOST)
 
     def _end(self, task: _Task, fate: Fate) -> Ended:
         self._open.pop((task.server, task.task_id), None)
