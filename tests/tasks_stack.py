@@ -35,11 +35,17 @@ class TaskServer:
     ``release`` is set), ``inline`` (never a task) and ``broken`` (a task
     whose tool raises)."""
 
-    def __init__(self, name: str = "a", execution_ttl: timedelta | None = None) -> None:
+    def __init__(
+        self, name: str = "a", execution_ttl: timedelta | None = None, store: str | None = None
+    ) -> None:
+        """``store``: a Redis URL the task store lives in (a restarted server
+        finds its tasks there), else the memory backend (they die with it)."""
         self.release = threading.Event()
         self.ended = threading.Event()  # the gated tool returned
+        self.store = store
         mcp = FastMCP("tasks-" + name)
-        mcp.add_extension(TasksExtension(url=f"memory://{name}-{id(self)}"))
+        url = store or f"memory://{name}-{id(self)}"
+        mcp.add_extension(TasksExtension(url=url, name="tasks-test"))
         release, ended = self.release, self.ended
 
         @mcp.tool(task=True)

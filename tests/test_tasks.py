@@ -47,9 +47,10 @@ class Stack:
         return self.router.url + "/mcp"
 
     def restart(self) -> None:
-        """The server restarts without a durable store: a new instance (a new
-        memory backend) takes the route, the old one stops."""
-        old, self.server = self.server, type(self.server)("restarted")
+        """The server restarts: a new instance takes the route (with the same
+        Redis store, or a new memory backend), the old one stops."""
+        old = self.server
+        self.server = type(old)("restarted", store=old.store)
         self.servers.append(self.server)
         old.close()
 
@@ -333,3 +334,45 @@ def test_a_client_that_exits_while_waiting_abandons_its_task(stack_of):
         for fate, n in scope_counts(export, TASKS, FATE).items():
             totals[fate] = max(totals.get(fate, 0), n)
     assert totals == {"abandoned": 1}
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "redis"])
+def test_a_restart_between_the_end_and_the_read(telemetry, stack_of, caplog, durable, request):
+    """The task ends, the server restarts, then the client reads: with the
+    memory backend the result died with the server (lost); with a Redis task
+    store the restarted server still has it (completed: no false fate)."""
+    store = None
+    if durable:
+        redis = request.getfixturevalue("redis_server")
+        redis.client().flushall()
+        store = redis.url
+
+    async def scenario():
+        stack = await stack_of(store=store)
+        async with Client(stack.url) as client:
+            task = await call_tool_task(client, "crunch", {"n": 1})
+            while await asyncio.to_thread(stack.server.status, task.task_id) != "completed":
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(stack.restart)
+            if durable:
+                result = await task.result()
+                assert result.data == "crunched 1"
+            else:
+                with pytest.raises(Exception, match="not found"):
+                    await task.result()
+        await stack.router.close()
+        return stack
+
+    with telemetry.instrumented():
+        stack = run(scenario())
+    router = stack.router
+    last = router.answer(router.of("tasks/get")[-1])
+    if durable:
+        assert last["result"]["status"] == "completed"
+        assert fates(telemetry) == {"completed": 1}
+        assert task_lines(caplog) == []
+    else:
+        assert last["error"]["code"] == -32602
+        assert fates(telemetry) == {"lost": 1}
+        (line,) = task_lines(caplog)
+        assert "task lost" in line
