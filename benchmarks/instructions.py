@@ -116,6 +116,10 @@ ROWS: dict[str, tuple[Path, str, tuple[str, ...], tuple[int, int], tuple[int, in
                   (20, 170)),
     "POST→sse": (MCP2, "POST", ("bare", "httpx-instr", "floor", NO_OPERATION, "ours"), (50, 550),
                  (20, 170)),
+    # A tasks/get poll of a followed task (2026-07-28, JSON): what the task
+    # room adds to a POST→json (its request parsed, its answer read).
+    "tasks/get→json": (MCP2, "POST", ("bare", "httpx-instr", NO_OPERATION, "ours"), (50, 550),
+                       (20, 170)),
     "tools/call mcp 1.x": (
         MCP1,
         "tools/call",
@@ -407,7 +411,7 @@ def _preload(row: str) -> None:
     if row.startswith("tools/call"):
         import mcp
         import mcp.client.streamable_http  # noqa: F401
-    if row.startswith("POST"):
+    if row.startswith(("POST", "tasks/")):
         import post_in_process  # noqa: F401
 
 
@@ -476,6 +480,10 @@ def _loop(row: str, n: int, argument: str) -> None:
         from post_in_process import _posts
 
         _posts("json" if row == "POST→json" else "sse", n)
+    elif row == "tasks/get→json":
+        from post_in_process import _task_polls
+
+        _task_polls(n)
     else:
         asyncio.run(_tools_calls(argument, n))
 

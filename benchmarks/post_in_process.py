@@ -59,8 +59,12 @@ class _AnsweringPool:
     """In place of httpcore's connection pool: answers each request at once."""
 
     def handle_request(self, request: httpcore.Request) -> httpcore.Response:
-        request_id = json.loads(b"".join(request.stream))["id"]
+        message = json.loads(b"".join(request.stream))
+        request_id = message["id"]
         session = (b"mcp-session-id", SESSION.encode())
+        if request.url.target.endswith(b"/tasks"):
+            headers = [(b"content-type", b"application/json")]
+            return httpcore.Response(200, headers=headers, content=_task_answer(message))
         if request.url.target.endswith(b"/json"):
             headers = [(b"content-type", b"application/json"), session]
             return httpcore.Response(200, headers=headers, content=_result(request_id).encode())
@@ -76,6 +80,57 @@ def _body(request_id: int) -> bytes:
     params = {"name": "search", "arguments": {"query": "quarterly revenue"}}
     message = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
     return json.dumps(message).encode()
+
+
+TASK_ID = "wSgc9n_9SMx01kOx7s6eS7aZNFrbcVVpaSSrwLRBIaU"
+TASK_HEADERS = {
+    "accept": "application/json, text/event-stream",
+    "content-type": "application/json",
+    "mcp-protocol-version": "2026-07-28",
+}
+_OPT_IN = {
+    "io.modelcontextprotocol/clientCapabilities": {
+        "extensions": {"io.modelcontextprotocol/tasks": {}}
+    }
+}
+
+
+def _task_answer(message: dict) -> bytes:
+    """A task handle for a tools/call, a ``working`` status for a tasks/get
+    (fastmcp-tasks' shapes)."""
+    task = {
+        "taskId": TASK_ID,
+        "status": "working",
+        "createdAt": "2026-12-06T02:53:05.738026+00:00",
+        "lastUpdatedAt": "2026-12-06T02:53:05.748719+00:00",
+        "ttlMs": 900000,
+        "pollIntervalMs": 5000,
+    }
+    if message["method"] == "tools/call":
+        result = {**task, "resultType": "task"}
+    else:
+        result = {**task, "resultType": "complete"}
+    return json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode()
+
+
+def _task_polls(count: int) -> None:
+    """A tools/call answered with a task handle, then ``count`` tasks/get
+    polls of that task answered ``working`` (JSON, 2026-07-28): the cost per
+    tasks/get of following a task."""
+    transport = httpx.HTTPTransport()
+    transport._pool = _AnsweringPool()  # type: ignore[assignment]
+    client = httpx.Client(transport=transport)
+    url = "http://127.0.0.1:8000/mcp/tasks"
+    params = {"name": "crunch", "arguments": {"n": 1}, "_meta": _OPT_IN}
+    call = {"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": params}
+    headers = {**TASK_HEADERS, "mcp-method": "tools/call", "mcp-name": "crunch"}
+    client.post(url, headers=headers, content=json.dumps(call).encode()).read()
+    headers = {**TASK_HEADERS, "mcp-method": "tasks/get", "mcp-name": TASK_ID}
+    for request_id in range(1, count + 1):
+        poll = {"jsonrpc": "2.0", "id": request_id, "method": "tasks/get",
+                "params": {"taskId": TASK_ID, "_meta": _OPT_IN}}
+        client.post(url, headers=headers, content=json.dumps(poll).encode()).read()
+    client.close()
 
 
 def _posts(kind: str, count: int) -> float:

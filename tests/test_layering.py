@@ -24,9 +24,9 @@ ROOMS = (
 )
 # The parts of the owner (issue 30): the bases of ResumptionMonitor, each read
 # alone, none importing another (they meet in the monitor, through ``self``).
-OWNER_PARTS = ("channels", "hops", "findings", "stream_reports", "at_exit")
+OWNER_PARTS = ("channels", "hops", "findings", "stream_reports", "at_exit", "task_reports")
 # The telemetry sink and its parts, lowest first.
-SINK = ("instruments", "call_telemetry", "telemetry")
+SINK = ("instruments", "call_telemetry", "task_telemetry", "telemetry")
 UPPER = {
     "facts", "redaction", "deadlines", *SINK, "monitor", "processor", "patches",
     *OWNER_PARTS,
@@ -35,7 +35,7 @@ UPPER = {
 # take the errors enforce mode raises from ``errors``), the tracker's rooms
 # and the owner's parts.
 NOT_FOR_PATCHES = {
-    "event_ids", "continuity", "resume_check", "fates", "subscriptions", *ROOMS,
+    "event_ids", "continuity", "resume_check", "fates", "subscriptions", "tasks", *ROOMS,
     *OWNER_PARTS,
 }
 
@@ -60,6 +60,8 @@ ABOVE = {
     **{rule: {*_rules_after(rule), "fates", "tracker", *ROOMS, *UPPER} for rule in RULES},
     "fates": {"tracker", *ROOMS, *UPPER},
     "subscriptions": {"fates", "tracker", *ROOMS, *UPPER},
+    # The task ledger (issue 37): a room of its own, beside the tracker, not in it.
+    "tasks": {"fates", "subscriptions", "tracker", *ROOMS, *UPPER},
     **{room: {"tracker", *_rooms_after(room), *UPPER} for room in ROOMS},
     "tracker": set(UPPER),
     # The shared state's record: below the tracker, above nothing of the core.
@@ -106,8 +108,8 @@ ABOVE = {
 # The pure core: the rules, the ledgers and the tracker with its rooms import
 # the standard library and each other only (no OpenTelemetry, no HTTP client).
 PURE = (
-    "errors", *RULES, "fates", "subscriptions", "jsonrpc", "forks", "shared_state", *ROOMS,
-    "tracker",
+    "errors", *RULES, "fates", "subscriptions", "tasks", "jsonrpc", "forks", "shared_state",
+    *ROOMS, "tracker",
 )
 
 

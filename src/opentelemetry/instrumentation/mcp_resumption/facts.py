@@ -61,6 +61,9 @@ class RequestFacts:
     mcp_name: str | None = None
     # The tool each tools/call of the body names, by id key, once parsed.
     tools: dict[str, str] | None = field(default=None, repr=False)
+    # The requests of the body the task ledger follows (tasks.TaskRequest),
+    # by id key; None: none (most requests).
+    tasks: dict[str, Any] | None = field(default=None, repr=False)
 
     def ledger(self) -> list[tuple[str, str]] | None:
         """The JSON-RPC requests in the body (see ``requests``)."""

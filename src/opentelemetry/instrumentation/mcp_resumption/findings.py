@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from .continuity import Gap, GapKind, Outcome
 from .errors import ResumeCursorRaceError, ResumptionGapError
+from .fates import Fate
 from .tracker import NOTHING, Step
 
 if TYPE_CHECKING:  # annotations only
@@ -51,6 +52,8 @@ class Findings:
     telemetry: TelemetrySink
     _deadlines: Deadlines
     _held: dict[int, StreamContext]
+    # (And the tasks' room, ``task_reports.TaskReports.task_call_lost``: a
+    # lost call that was a task's handle.)
 
     def _timeout(self, context: StreamContext) -> None:
         seconds = self.settings.confirm_timeout
@@ -122,6 +125,8 @@ class Findings:
             return
         self.tracker.share_fates(step.fates)  # out of the shared in-flight ledger
         for decided in step.fates:
+            if decided.fate is Fate.LOST and self.task_call_lost(decided):
+                continue  # a task's handle lost (task_reports), no plain lost call
             # A lost request is a gap of the attempt that waited for it, if any.
             holder = decided.broken.holder
             attempt = self._held.get(holder.key) if holder is not None else None

@@ -183,6 +183,14 @@ class Instruments:
         self.operation_duration = meter.create_histogram(
             *sc.OPERATION_DURATION, explicit_bucket_boundaries_advisory=sc.OPERATION_BUCKETS
         )
+        self.tasks = meter.create_counter(*sc.TASKS)
+        self.task_duration = meter.create_histogram(
+            *sc.TASK_DURATION, explicit_bucket_boundaries_advisory=sc.TASK_DURATION_BUCKETS
+        )
+        self.task_polls = meter.create_histogram(
+            *sc.TASK_POLLS, explicit_bucket_boundaries_advisory=sc.TASK_POLL_BUCKETS
+        )
+        self.task_unroutable = meter.create_counter(*sc.TASK_UNROUTABLE)
         self.event_totals = EventTotals()
         name, unit, description = sc.STREAM_EVENTS
         meter.create_observable_counter(

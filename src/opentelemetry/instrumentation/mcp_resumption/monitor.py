@@ -54,11 +54,12 @@ from .jsonrpc import LISTEN, TOOLS_LIST, answer_errors
 from .redaction import Redaction
 from .redis_state import state_store
 from .stream_reports import StreamReports
+from .task_reports import TaskReports, follows_tasks
 from .telemetry import TelemetrySink
 from .tracker import Step, Tracker, bounded_id
 
 
-class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels):
+class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels, TaskReports):
     """Runs the continuity checks for every MCP stream the patches observe.
 
     Not a span processor itself: :class:`~.processor.ContinuityProcessor` is
@@ -110,6 +111,7 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels):
         renew_after_fork(self._deferred)
         Hops.__init__(self)
         PatchChannels.__init__(self)
+        self._init_tasks(self.settings.max_streams)
 
     def attach(self) -> bool:
         """Start receiving span starts; the span-processor face
@@ -164,6 +166,8 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels):
         A request that does not show MCP itself gets its span, if its answer
         does, when the answer arrives."""
         if facts.body is not None:
+            if follows_tasks(facts.body):
+                self.tasks_sent(facts)
             session_id = facts.session_id or facts.legacy_session_id
             if self.tracker.broken.awaits(facts.server):
                 # Matched as it is sent: its answer may come after the window.
@@ -213,6 +217,8 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels):
                 return candidate
             return None
         self.server_seen(facts.host, facts.port)
+        if facts.tasks and status == 404 and facts.session_id:
+            self.session_gone(facts)  # a 2025-11-25 server's tasks went with it
         if resume is None and facts.last_event_id is not None:
             resume = self.begin_request(replace(facts, mcp=True))
         if not event_stream:
@@ -233,7 +239,11 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels):
         the operations it ends, the tools/list hints and the answers a
         watched re-issue waits for."""
         body = facts.body  # None: parsed already, or a redirect's hop
-        if not self.enabled or (body is None and not facts.requests):
+        if not self.enabled:
+            return
+        if facts.tasks:
+            self.tasks_answered(facts, answer)
+        if body is None and not facts.requests:
             return
         if body is not None:
             lists_tools = b'"tools/list"' in body

@@ -60,6 +60,12 @@ class Redaction:
             hashed = self._session_hashes[session_id] = digest.hexdigest()[:16]
         return hashed
 
+    def task_id(self, task_id: str) -> str:
+        """A task id as the verdict lines name it: always the keyed hash (a
+        task id is a capability: whoever holds it may read the result)."""
+        digest = hmac.new(self._hash_key, task_id.encode("utf-8", "replace"), hashlib.sha256)
+        return digest.hexdigest()[:16]
+
     def scrub(self, text: str, session_ids: Iterable[str | None]) -> str:
         """``text`` with each of ``session_ids`` in it written as the session
         attribute is: event ids may embed the session (``s-77:e-104``), and

@@ -17,6 +17,7 @@ from opentelemetry.semconv.attributes.server_attributes import SERVER_PORT as SE
 from .continuity import GapKind, Outcome
 from .fates import Fate
 from .jsonrpc import LISTEN_FILTERS
+from .tasks import Fate as TaskFate
 
 # The transports (mcp.transport values) are the tracker's names for them: one set.
 from .tracker import SSE as TRANSPORT_SSE
@@ -183,6 +184,40 @@ STATE_FALLBACKS = (
 )
 STATE_OPERATION = "mcp.resumption.state.operation"
 STATE_REASON = "mcp.resumption.state.reason"
+# Tasks (the io.modelcontextprotocol/tasks extension, and 2025-11-25's
+# experimental form): every task the client was handed, by its one fate
+# (tasks.Fate); docs/rules.md, "Tasks".
+TASKS = (
+    "mcp.client.resumption.tasks",
+    "{task}",
+    "MCP tasks the client was handed (or whose handle was lost), by their one fate",
+)
+TASK_DURATION = (
+    "mcp.client.resumption.task.duration",
+    "s",
+    "Time from a task's handle to the fate the client saw, by fate",
+)
+# Tasks run for seconds to hours: the resume buckets, longer at the top.
+TASK_DURATION_BUCKETS = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    600.0, 1800.0, 3600.0,
+)  # fmt: skip
+TASK_POLLS = (
+    "mcp.client.resumption.task.polls",
+    "{poll}",
+    "tasks/get polls the client sent per task, recorded at the task's end, by fate",
+)
+TASK_POLL_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+TASK_UNROUTABLE = (
+    "mcp.client.resumption.task.unroutable",
+    "{request}",
+    "tasks/* requests over streamable HTTP without the Mcp-Name header a load "
+    "balancer routes them by",
+)
+TASK_FATE = "mcp.resumption.task.fate"
+TASK_FATES = tuple(fate.value for fate in TaskFate)
+# Only where true: an acknowledged tasks/cancel followed by a completed status.
+TASK_CANCEL_IGNORED = "mcp.resumption.task.cancel_ignored"
 EVICTED_STREAMS = (
     "mcp.client.resumption.evicted_streams",
     "{stream}",

@@ -53,6 +53,8 @@ class StreamReports:
     _deferred: Deferred
     _held: dict[int, StreamContext]
     lineage_scope: contextvars.ContextVar[list[Any] | None]
+    # (And the tasks' room, ``task_reports.TaskReports.tasks_answered``:
+    # an answer on a task request's stream.)
 
     def event(
         self, context: StreamContext, event_type: str, event_id: str | None, data: str
@@ -69,6 +71,8 @@ class StreamReports:
             time.monotonic() - context.counted_at >= EVENTS_BATCH_SECONDS
         ):
             self.telemetry.count_events(context)
+        if context.facts.tasks:
+            self.tasks_answered(context.facts, data)
         if event_type == "endpoint":
             session_id = legacy_session_from_endpoint(data)
             if session_id is not None:
@@ -97,6 +101,8 @@ class StreamReports:
             raise self._enforced(context.error)
         if not self.enabled:
             return
+        if context.facts.tasks:
+            self.tasks_answered(context.facts, sse.data)
         step = self.tracker.fed_event(context.stream, feed.normalise, sse)
         if self.tracker.operations_done:
             self._operations_ended()

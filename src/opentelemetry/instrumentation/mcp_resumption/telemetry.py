@@ -34,6 +34,7 @@ from .facts import (
 )
 from .instruments import instruments_of
 from .redaction import Redaction
+from .task_telemetry import TaskTelemetry
 from .verdict_log import server_name, verdicts
 from .version import __version__
 
@@ -54,7 +55,7 @@ def known_sessions(context: StreamContext) -> list[str | None]:
     return sessions
 
 
-class TelemetrySink(CallTelemetry):
+class TelemetrySink(CallTelemetry, TaskTelemetry):
     """Writes the owner's findings to one tracer, meter and logger provider."""
 
     def __init__(
@@ -83,6 +84,10 @@ class TelemetrySink(CallTelemetry):
         self._duplicate_runs = instruments.duplicate_runs
         self._state_fallbacks = instruments.state_fallbacks
         self._operation_duration = instruments.operation_duration
+        self._tasks = instruments.tasks
+        self._task_duration = instruments.task_duration
+        self._task_polls = instruments.task_polls
+        self._task_unroutable = instruments.task_unroutable
         self.event_totals = instruments.event_totals
         self.evictions = instruments.evictions
         self._events_logger = get_logger(
@@ -174,6 +179,7 @@ class TelemetrySink(CallTelemetry):
                         **server,
                     }
                     self._attempts.add(0, attributes)
+        self.tasks_seen(server)
 
     def count_events(self, context: StreamContext) -> None:
         self.event_totals.count(context, context.uncounted)  # one lock for both

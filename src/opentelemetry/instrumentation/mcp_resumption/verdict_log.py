@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 from .budget import LogBudget
 from .forks import renew_after_fork
+from .tasks import LOSSES as TASK_LOSSES  # a task that lost something: a WARNING summary
 
 LOGGER_NAME = "opentelemetry.instrumentation.mcp_resumption.verdicts"
 SETTING = "OTEL_PYTHON_MCP_RESUMPTION_VERDICT_LOG"
@@ -125,6 +126,8 @@ class _Server:
     hinted: bool = False
     # Findings that are not a resume's: "may_run_twice", "ran_twice".
     findings: Counter[str] = field(default_factory=Counter)
+    # Tasks by fate (tasks.Fate's values).
+    tasks: Counter[str] = field(default_factory=Counter)
 
 
 class VerdictLog:
@@ -239,6 +242,15 @@ class VerdictLog:
         if _enabled(logging.WARNING) and self._budget.take((kind or line, server)):
             _write(logging.WARNING, line, *args)
 
+    def task(self, server: str, fate: str) -> None:
+        """A task's fate, tallied for the summary."""
+        if self.mode() == "off":
+            return
+        tally = self._tally(server)
+        if tally is not None:
+            with self._lock:
+                tally.tasks[fate] += 1
+
     # -- the summary
 
     def summary_lines(self) -> list[str]:
@@ -262,11 +274,16 @@ class VerdictLog:
         """(the summary line, whether it is bad) of each server, by name."""
         with self._lock:
             servers = {
-                name: (Counter(tally.outcomes), Counter(tally.gaps), Counter(tally.findings))
+                name: (
+                    Counter(tally.outcomes),
+                    Counter(tally.gaps),
+                    Counter(tally.findings),
+                    Counter(tally.tasks),
+                )
                 for name, tally in self._servers.items()
             }
         summaries = []
-        for name, (outcomes, gaps, findings) in sorted(servers.items()):
+        for name, (outcomes, gaps, findings, tasks) in sorted(servers.items()):
             by_outcome = " ".join(f"{k}={v}" for k, v in sorted(outcomes.items()))
             by_kind = ",".join(f"{k}:{v}" for k, v in sorted(gaps.items())) or "-"
             line = (
@@ -274,8 +291,18 @@ class VerdictLog:
                 + (f" {by_outcome}" if by_outcome else "")
                 + f" gaps={by_kind} lost_calls={gaps.get(LOST, 0)}"
                 + "".join(f" {kind}={n}" for kind, n in sorted(findings.items()))
+                + (
+                    " tasks=" + ",".join(f"{k}:{v}" for k, v in sorted(tasks.items()))
+                    if tasks
+                    else ""
+                )
             )
-            bad = bool(gaps) or bool(findings) or not WARNING_OUTCOMES.isdisjoint(outcomes)
+            bad = (
+                bool(gaps)
+                or bool(findings)
+                or not WARNING_OUTCOMES.isdisjoint(outcomes)
+                or not TASK_LOSSES.isdisjoint(tasks)
+            )
             summaries.append((line, bad))
         return summaries
 

@@ -228,6 +228,8 @@ def _observe_response(
 def _failed(
     owner: ResumptionMonitor, facts: RequestFacts, resume: Any, error: BaseException
 ) -> None:
+    if facts.tasks and isinstance(error, Exception) and owner.enabled:
+        owner.request_unanswered(facts, type(error).__qualname__)
     if resume is None:
         return
     # The type only: an HTTP client's message can quote a header value
@@ -354,6 +356,13 @@ def _answer_read(owner: ResumptionMonitor, instance: Any) -> None:
         del instance._mcp_resumption_answer
         if registered is owner:  # not another instrument() cycle's
             owner.json_answered(facts, answer, instance.status_code)
+    elif sys.exc_info()[1] is not None:
+        # Closed by an error with the body unread (httpx's own close after
+        # a whole body, from inside the read, has no error on its way out):
+        # the answer never came.
+        registered, facts = instance._mcp_resumption_answer
+        if registered is owner and facts.tasks:
+            owner.tasks_unanswered(facts)
 
 
 def _close(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
