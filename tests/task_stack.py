@@ -112,6 +112,7 @@ class WireCall:
     mcp_name: str | None
     backend: str
     answer: dict | None  # the JSON-RPC response, None if none crossed
+    exchange: Exchange | None = None  # the router's record of it
 
     @property
     def result(self) -> dict | None:
@@ -163,7 +164,7 @@ def task_wire(router) -> list[WireCall]:
         calls.append(WireCall(
             method=request["method"], params=request.get("params") or {},
             mcp_name=exchange.request.header("mcp-name"), backend=exchange.backend,
-            answer=_answer(exchange, request["id"]),
+            answer=_answer(exchange, request["id"]), exchange=exchange,
         ))  # fmt: skip
     return calls
 
