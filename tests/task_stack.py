@@ -44,8 +44,11 @@ NOT_FOUND = -32602
 class TaskServer:
     """``task_server.py PORT BACKEND NAME`` in a child process."""
 
-    def __init__(self, backend: str = "memory://", name: str = "a", port: int = 0) -> None:
+    def __init__(self, backend: str = "memory://", name: str = "a", port: int = 0,
+                 label: str | None = None) -> None:
         self.backend, self.name, self.port = backend, name, port
+        # the router's name for it: a replacement is told apart on the wire
+        self.label = label or name
         self.starts = 0
         self._start()
 
@@ -77,7 +80,7 @@ class TaskServer:
 
     @property
     def backend_of(self) -> Backend:
-        return Backend(self.name, self.port)
+        return Backend(self.label, self.port)
 
     def replaced(self) -> TaskServer:
         """A new process of this server (same backend and name, a port of its
@@ -85,7 +88,7 @@ class TaskServer:
         caller routes to it, then closes this one, so that no request finds
         the address down (a poll refused while a restart is under way would
         be an outage, not a restart)."""
-        return TaskServer(self.backend, self.name)
+        return TaskServer(self.backend, self.name, label=f"{self.label}-restarted")
 
     def close(self) -> None:
         if self.process.poll() is None:

@@ -111,10 +111,19 @@ def restarted_run(node):
                            for g in polls(calls, h.task_id))  # fmt: skip
 
             # the task is running and the client follows it: now the restart
-            # (the new process takes the address, then the old one dies)
+            # (the new process takes the address; the old one dies once a
+            # poll reached the new one: the client polls one at a time, so
+            # none is in flight to the old one then)
             await upstream.wait_for(working, timeout=60)
             servers.append(await asyncio.to_thread(server.replaced))
             fleet.backend = servers[-1].backend_of
+
+            def polled_new(exchanges) -> bool:
+                return any(e.backend == fleet.backend.name and e.request.jsonrpc_method ==
+                           "tasks/get" for e in exchanges[moved:])  # fmt: skip
+
+            moved = len(upstream.exchanges)
+            await upstream.wait_for(polled_new, timeout=60)
             await asyncio.to_thread(server.close)
             return await asyncio.to_thread(ts_result, client)
 
@@ -137,6 +146,9 @@ def test_restart_mid_task_loses_the_task_on_the_wire(restarted_run):
     # every answer after the restart is "not found", and none is a status
     assert gets.index(after[0]) == len(before)
     assert all(is_not_found(g) for g in after), [g.error for g in after]
+    # the first server answered working, its replacement "not found"
+    assert {g.backend for g in before} == {"a"} and {g.backend for g in after} == {
+        "a-restarted"}, [(g.backend, g.status) for g in gets]  # fmt: skip
     assert all(g.mcp_name == handle.task_id for g in gets)
 
 
