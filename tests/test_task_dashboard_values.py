@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from helpers import clean_env, stop_process
+from test_alertmanager import Alertmanager, Webhook, shortened_rules, wait
 from test_dashboard_values import (
     RANGE_SECONDS,
     VARIABLES,
@@ -43,6 +44,8 @@ pytestmark = pytest.mark.mcp2
 
 CLIENT = Path(__file__).resolve().parent / "programs" / "task_client.py"
 TASKS = "mcp_client_resumption_tasks_total"
+TASK_LOST, TASK_ABANDONED = "McpResumptionTaskLost", "McpResumptionTaskAbandoned"
+LOST_CALL = "McpResumptionLostToolCall"
 TASK_LIFE = "mcp_client_resumption_task_duration_seconds"
 LOSSES = ("lost", "expired", "handle_lost")
 
@@ -50,11 +53,19 @@ LOSSES = ("lost", "expired", "handle_lost")
 @pytest.fixture(scope="module")
 def task_stack(tmp_path_factory):
     """(Prometheus, the client's truth, the timestamp of the scrape that
-    read its last count, the client's metrics text)."""
+    read its last count, the client's metrics text, the Alertmanager's
+    webhook receiver)."""
     metrics_port = free_port()
-    # Prometheus first: the client waits for a scrape of its servers at 0
-    prometheus = Prometheus(tmp_path_factory.mktemp("tasks-prometheus"), metrics_port,
-                            interval="1s")  # fmt: skip
+    tmp = tmp_path_factory.mktemp("tasks-prometheus")
+    webhook = Webhook()
+    alertmanager = Alertmanager(tmp, webhook.url)
+    # Prometheus first: the client waits for a scrape of its servers at 0.
+    # It evaluates the task alerts and the lost-call alert as shipped, their
+    # 10-minute window shortened to 15 s (as tests/test_alertmanager.py does)
+    prometheus = Prometheus(
+        tmp, metrics_port, interval="1s", alertmanager_port=alertmanager.port,
+        rule_files=[shortened_rules(tmp, TASK_LOST, TASK_ABANDONED, LOST_CALL)],
+    )  # fmt: skip
     client = subprocess.Popen(
         [sys.executable, str(CLIENT), str(metrics_port)], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
@@ -68,9 +79,11 @@ def task_stack(tmp_path_factory):
         at = None
         if TASKS in exposed:  # else the row can show nothing: no wait for it
             at = prometheus.scraped_totals({TASKS: len(truth["tasks"])})
-        yield prometheus, truth, at, exposed
+        yield prometheus, truth, at, exposed, webhook
     finally:
         prometheus.close()
+        alertmanager.close()
+        webhook.close()
         client.stdin.close()
         stop_process(client)
 
@@ -83,14 +96,14 @@ def _task_panels() -> dict[str, dict]:
 
 
 def test_the_wire_has_a_completed_and_a_lost_task(task_stack):
-    _, truth, _, _ = task_stack
+    _, truth, _, _, _ = task_stack
     assert sorted(t["fate"] for t in truth["tasks"]) == ["completed", "lost"], truth
     assert truth["unroutable"] > 0, truth
 
 
 @pytest.mark.xfail(strict=True, reason="needs the task ledger (t1)")
 def test_every_task_panel_shows_what_the_wire_recorded(task_stack):
-    prometheus, truth, at, exposed = task_stack
+    prometheus, truth, at, exposed, _ = task_stack
     assert TASKS in exposed, "the client exposes no task metric"
     panels = _task_panels()
     tasks = truth["tasks"]
@@ -160,3 +173,28 @@ def test_every_task_panel_shows_what_the_wire_recorded(task_stack):
     compared = {title.split(" completed")[0].split(" lost")[0] for title, *_ in report}
     assert set(panels) <= compared | {"Lost tasks in range"}, (set(panels) - compared, table)
     assert all(ok for *_, ok in report), table
+
+
+@pytest.mark.xfail(strict=True, reason="needs the task ledger (t1)")
+def test_the_lost_task_warns_through_alertmanager_and_nothing_else_does(task_stack):
+    """The fleet's lost task reaches the receiver as McpResumptionTaskLost,
+    with its server and fate, the summary and the runbook link, and the
+    severity of a lost call; no lost-call and no abandoned-task alert."""
+    prometheus, truth, at, exposed, webhook = task_stack
+    assert TASKS in exposed, "the client exposes no task metric"
+    [lost] = [t for t in truth["tasks"] if t["fate"] == "lost"]
+    firing = wait(lambda: webhook.alerts("firing", TASK_LOST),
+                  "the lost-task warning reached the webhook")  # fmt: skip
+    [alert] = firing
+    labels = alert["labels"]
+    assert (labels["server_port"], labels["mcp_resumption_task_fate"]) == (
+        str(lost["server_port"]), "lost"), labels  # fmt: skip
+    assert labels["severity"] == "warning"
+    assert alert["annotations"]["summary"] == (
+        f"An MCP task on {labels['server_address']}:{labels['server_port']} was lost (lost)."
+    )
+    assert alert["annotations"]["runbook_url"].endswith(
+        "dashboards/RUNBOOK.md#mcpresumptiontasklost")  # fmt: skip
+    evaluated = prometheus.wait(lambda: prometheus.evaluated_after(at + 2))
+    others = prometheus.query(f'ALERTS{{alertname=~"{LOST_CALL}|{TASK_ABANDONED}"}}', evaluated)
+    assert others == [] and webhook.alerts("firing", LOST_CALL) == [], others
