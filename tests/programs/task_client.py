@@ -72,6 +72,27 @@ class _CountingReader(PrometheusMetricReader):
             return self.changed.wait_for(lambda: self.scrapes > count, SCRAPE_TIMEOUT_S)
 
 
+class _AfterScrape:
+    """A router policy: ``inner``'s route, but a task's first ``tasks/get``
+    waits for a scrape first. The client already holds the handle then, so
+    whatever series the plugin starts at 0 for the task (its server, tool
+    and fates) are read at 0 before its fate is counted: increase() sees the
+    first count, as it does for a client whose tasks run longer than a
+    scrape interval."""
+
+    def __init__(self, inner, reader: _CountingReader) -> None:
+        self.inner, self.reader, self.seen = inner, reader, set()
+
+    async def __call__(self, request):
+        message = request.jsonrpc or {}
+        task_id = (message.get("params") or {}).get("taskId")
+        if message.get("method") == "tasks/get" and task_id not in self.seen:
+            self.seen.add(task_id)
+            before = self.reader.scrapes
+            assert await asyncio.to_thread(self.reader.wait_after, before), "no scrape"
+        return self.inner(request)
+
+
 async def main(metrics_port: int) -> None:
     start_http_server(metrics_port, addr="127.0.0.1")
     reader = _CountingReader()
@@ -82,10 +103,12 @@ async def main(metrics_port: int) -> None:
     sockets = [socket.socket() for _ in range(2)]
     for sock in sockets:
         sock.bind(("127.0.0.1", 0))
-    clean = await RawRouter(RoundRobin(Backend("a", servers[0].port))).start(sockets[0])
-    fleet = await RawRouter(
-        RoundRobin(Backend("b", servers[1].port), Backend("c", servers[2].port))
-    ).start(sockets[1])
+    clean = await RawRouter(
+        _AfterScrape(RoundRobin(Backend("a", servers[0].port)), reader)
+    ).start(sockets[0])
+    fleet = await RawRouter(_AfterScrape(
+        RoundRobin(Backend("b", servers[1].port), Backend("c", servers[2].port)), reader
+    )).start(sockets[1])  # fmt: skip
     # A real client knows its servers before a task is lost, and Prometheus
     # has scraped their series at 0 by then (increase() cannot see a series
     # born at 1): the routers' servers are seen, then a scrape, then the tasks.
