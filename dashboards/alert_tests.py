@@ -309,6 +309,58 @@ def count_cases(alert: str, counted: Any, other: list[dict[str, str]]) -> list[d
     ]
 
 
+def tasks(fate: str, values: str, server: dict = SERVER, tool: str = "render",
+          **labels: str) -> dict[str, str]:
+    """The task-fate series of one tool: the plugin starts every fate of a
+    tool at 0 when the client is first handed a task of it, or sends a call
+    that could become one (``_x..`` before the 0: not seen yet)."""
+    return series("mcp_client_resumption_tasks_total", values, **server,
+                  mcp_transport="streamable-http", gen_ai_tool_name=tool,
+                  mcp_resumption_task_fate=fate, **labels)  # fmt: skip
+
+
+def task_cases() -> list[dict[str, Any]]:
+    lost, abandoned, lost_call = ("McpResumptionTaskLost", "McpResumptionTaskAbandoned",
+                                  "McpResumptionLostToolCall")  # fmt: skip
+    clean = [tasks(fate, "0+1x40") for fate in ("completed", "failed", "cancelled")]
+    # a cancel acknowledged and then completed: the work ran, nothing was lost
+    ignored = tasks("completed", "0+1x40", mcp_resumption_task_cancel_ignored="true")
+    no_gap = [gaps(kind, "0x40") for kind in ("orphaned_request", "drain_race")]
+    cases = []
+    for fate in ("lost", "expired", "handle_lost"):
+        labels = {**SRV, "mcp_resumption_task_fate": fate}
+        cases.append(case(
+            f"{lost} fires on one {fate} task and resolves; the lost-call alert stays quiet",
+            [*clean, *no_gap, tasks(fate, "0x10 1x30")],
+            [check(lost, "9m"), check(lost, "13m", expected(lost, **labels)),
+             check(lost_call, "13m"), check(lost, "30m")]))
+    cases += [
+        case(f"{lost} fires on the proxy's upstream leg too (its series carry the leg)",
+             [tasks("lost", "0x10 1x30", mcp_resumption_leg="proxy_server")],
+             [check(lost, "13m", expected(lost, **SRV, mcp_resumption_task_fate="lost"))]),
+        case(f"{lost} fires on the first loss of a tool first seen later, after an old one",
+             [tasks("lost", "1x40"), tasks("lost", "_x15 0x5 1x20", tool="export")],
+             [check(lost, "15m"),
+              check(lost, "23m", expected(lost, **SRV, mcp_resumption_task_fate="lost"))]),
+        case(f"{lost} quiet: clean fates only (completed, failed, cancelled, a cancel not "
+             "honoured), and abandoned tasks",
+             [*clean, ignored, tasks("lost", "0x40"), tasks("abandoned", "0+1x40")],
+             [check(lost, t) for t in ("5m", "13m", "40m")]),
+        case(f"{lost} quiet after a scrape outage: the loss before it is not news",
+             [tasks("lost", "0x5 1x10 _x15 1x20")],
+             [check(lost, "8m", expected(lost, **SRV, mcp_resumption_task_fate="lost")),
+              check(lost, "35m"), check(lost, "45m")]),
+        case(f"{lost} quiet on a fresh Prometheus with old counters",
+             [tasks(fate, "4x40", server=OLD) for fate in ("lost", "expired", "handle_lost")],
+             [check(lost, t) for t in ("5m", "40m")]),
+    ]
+    cases += count_cases(
+        abandoned, lambda values, server=SERVER: tasks("abandoned", values, server),
+        [*clean, tasks("lost", "0+1x40"), tasks("handle_lost", "0+1x40")],
+    )
+    return cases
+
+
 def build() -> dict[str, Any]:
     tests = burn_cases()
     tests += gap_cases("McpResumptionLostToolCall", "orphaned_request", "session_changed")
@@ -330,6 +382,7 @@ def build() -> dict[str, Any]:
         "McpResumptionCallRanTwice", duplicate_runs,
         [reissues("may_run_twice", "unknown", "0+1x40")],
     )
+    tests += task_cases()
     return {"rule_files": ["alerts.yaml"], "evaluation_interval": "1m", "tests": tests}
 
 

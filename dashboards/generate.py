@@ -40,6 +40,17 @@ MAY_RUN_TWICE = 'mcp_resumption_reissue_risk="may_run_twice"'
 # observation, so its panels read the cumulative values (since each client
 # started), as the resume latency panels do.
 OPERATION = "mcp_client_operation_duration_seconds"
+# Tasks (io.modelcontextprotocol/tasks, and 2025-11-25's experimental form):
+# one fate per task handed to a client; the losses are lost, expired and
+# handle_lost, abandoned is work no one will read.
+TASKS = "mcp_client_resumption_tasks_total"
+TASK_DURATION = "mcp_client_resumption_task_duration_seconds"
+TASK_POLLS = "mcp_client_resumption_task_polls"
+TASK_UNROUTABLE = "mcp_client_resumption_task_unroutable_total"
+TASK_FATE = "mcp_resumption_task_fate"
+TASK_LOSSES = 'mcp_resumption_task_fate=~"lost|expired|handle_lost"'
+TASK_ABANDONED = 'mcp_resumption_task_fate="abandoned"'
+CANCEL_IGNORED = 'mcp_resumption_task_cancel_ignored="true"'
 BY_METHOD_AND_SERVER = "mcp_method_name, server_address, server_port"
 ERRORED = 'error_type!=""'
 SUBSCRIPTION_LABELS = "mcp_resumption_subscription_notifications, mcp_resumption_subscription_relistened"
@@ -553,6 +564,88 @@ def build() -> dict[str, Any]:
         "lost tool call). lost above 0 on a leg is a call lost there.",
         [target(f"sum by (mcp_resumption_leg, mcp_resumption_request_fate) ({rate(BROKEN, LEG)})",
                 "{{mcp_resumption_leg}} {{mcp_resumption_request_fate}}")], "reqps",
+    ), 12, 8)
+
+    # Last again: the panels above keep their ids.
+    lay.row("Tasks")
+    lay.add(stat(
+        "Lost tasks in range",
+        "Tasks whose result the application never got: lost (the server answered not found "
+        "for a handle it gave out: a restart without a durable store, a replica without the "
+        "task), expired (the same once the task's TTL had run out) and handle_lost (a call "
+        "that could have become a task broke before its handle arrived: the work may run "
+        "unseen). McpResumptionTaskLost warns on any.",
+        f"sum({inc(TASKS, TASK_LOSSES)})", "short",
+        [{"color": "green", "value": None}, {"color": "red", "value": 1}], decimals=0,
+    ), 6, 4)
+    lay.add(stat(
+        "Abandoned tasks in range",
+        "Tasks the client stopped following before their end, without tasks/cancel (the "
+        "process exited, or the application gave up waiting): work may run that no one "
+        "will read. McpResumptionTaskAbandoned warns on any.",
+        f"sum({inc(TASKS, TASK_ABANDONED)})", "short",
+        [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
+    ), 6, 4)
+    lay.add(stat(
+        "Cancels not honoured in range",
+        "tasks/cancel acknowledged, then the task completed: the work ran although the "
+        "application cancelled it (a cancel is cooperative). A task that ends cancelled "
+        "is not counted here.",
+        f"sum({inc(TASKS, CANCEL_IGNORED)})", "short",
+        [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
+    ), 6, 4)
+    lay.add(stat(
+        "Task requests without Mcp-Name in range",
+        "tasks/* requests sent over streamable HTTP without the Mcp-Name header that the "
+        "extension requires: a load balancer cannot route them to the replica that holds "
+        "the task, so a fleet answers them not found.",
+        f"sum({inc(TASK_UNROUTABLE)})", "short",
+        [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
+    ), 6, 4)
+    lay.add(table(
+        "Task fates by server",
+        "Tasks in the time range per server, tool and fate, largest first. completed, "
+        "failed and cancelled are terminal statuses the client saw (a failed task is an "
+        "answer, not a loss); lost, expired and handle_lost lost their result; abandoned "
+        "was left unread. Empty means no task ended in the range.",
+        f"sum by (server_address, server_port, gen_ai_tool_name, {TASK_FATE}) "
+        f"({inc(TASKS)}) > 0",
+        ["server_address", "server_port", "gen_ai_tool_name", TASK_FATE], "tasks", decimals=0,
+    ), 12, 8)
+    lay.add(timeseries(
+        "Lost, expired and handle-lost tasks per second",
+        "The task losses per second by fate. lost rising with a deploy: the servers keep "
+        "their tasks in memory; expired: TTLs shorter than the work; handle_lost: the "
+        "creating calls' streams break.",
+        [target(f"sum by ({TASK_FATE}) ({rate(TASKS, TASK_LOSSES)})",
+                f"{{{{{TASK_FATE}}}}}")], "short",
+    ), 12, 8)
+
+    def task_life(level: str, ref: str) -> dict[str, Any]:
+        # cumulative buckets, as the other histograms (a series is born with
+        # its first observation)
+        expr = (
+            f"histogram_quantile({level}, sum by (le, {TASK_FATE}) (max_over_time("
+            f"{sel(TASK_DURATION + '_bucket')}[$__range])))"
+        )
+        return target(expr, f"p{round(float(level) * 100)} {{{{{TASK_FATE}}}}}", ref)
+
+    lay.add(timeseries(
+        "Task life by fate (p50 / p95 / p99, since each client started)",
+        "From the handle to the terminal status the client saw, or to the fate it was "
+        "given (lost, expired, abandoned), by fate. A long life before lost: the task ran "
+        "until a restart took it; expired near the TTL: the client read too late.",
+        [task_life("0.5", "A"), task_life("0.95", "B"), task_life("0.99", "C")], "s",
+    ), 12, 8)
+    polls = (
+        f"sum by ({TASK_FATE}) (max_over_time({sel(TASK_POLLS + '_sum')}[$__range]))"
+        f" / sum by ({TASK_FATE}) (max_over_time({sel(TASK_POLLS + '_count')}[$__range]))"
+    )
+    lay.add(timeseries(
+        "tasks/get polls per task by fate (since each client started)",
+        "The mean number of tasks/get polls per task, by fate. Many polls for short lives: "
+        "the client polls faster than the server's pollIntervalMs.",
+        [target(polls, "mean {{mcp_resumption_task_fate}}")], "short",
     ), 12, 8)
 
     links = [

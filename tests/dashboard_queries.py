@@ -44,6 +44,20 @@ def iter_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
     return panels
 
 
+def row_of(dashboard: dict[str, Any]) -> dict[int, str]:
+    """Each panel's id -> the title of the row above it (rows are not collapsed:
+    a row holds the panels that follow it, up to the next row)."""
+    rows: dict[int, str] = {}
+    current = ""
+    for panel in dashboard.get("panels", []):
+        if panel["type"] == "row":
+            current = panel["title"]
+        rows[panel["id"]] = current
+        for nested in panel.get("panels", []):
+            rows[nested["id"]] = panel["title"]
+    return rows
+
+
 def substitute(expr: str, variables: dict[str, str]) -> str:
     """Replace $name and ${name} with variables[name]; unknown names raise KeyError."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from dashboard_queries import iter_panels, load_dashboard, substitute
+from dashboard_queries import iter_panels, load_dashboard, row_of, substitute
 from prometheus_stack import Prometheus
 
 RANGE = "10m"  # longer than the whole test: $__range covers every sample
@@ -153,8 +153,16 @@ VARIABLES = {"datasource": "prometheus", "job": ".*", "instance": ".*", "server_
              "slo_target": str(SLO), "__rate_interval": "1m", "__range": RANGE}  # fmt: skip
 
 
+# The Tasks row reads the task ledger's metrics, which the demo does not emit
+# yet: its values are checked in tests/test_task_dashboard_values.py.
+TASK_ROW = "Tasks"
+
+
 def panels() -> dict[str, dict]:
-    return {p["title"]: p for p in iter_panels(load_dashboard()) if p["type"] != "row"}
+    dashboard = load_dashboard()
+    rows = row_of(dashboard)
+    return {p["title"]: p for p in iter_panels(dashboard)
+            if p["type"] != "row" and rows[p["id"]] != TASK_ROW}  # fmt: skip
 
 
 def instant(prometheus: Prometheus, expr: str, at: float) -> list:

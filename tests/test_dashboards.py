@@ -62,10 +62,16 @@ EMITTED_METRICS: tuple[str, ...] = (
     "mcp_client_resumption_reissues_total",
     "mcp_client_resumption_duplicate_runs_total",
     "mcp_client_operation_duration_seconds",
+    # tasks: one fate per task handed to the client
+    "mcp_client_resumption_tasks_total",
+    "mcp_client_resumption_task_duration_seconds",
+    "mcp_client_resumption_task_polls",
+    "mcp_client_resumption_task_unroutable_total",
 )
 HISTOGRAMS = frozenset(
     {"mcp_client_resumption_duration_seconds", "mcp_client_resumption_replayed_events",
-     "mcp_client_operation_duration_seconds"}
+     "mcp_client_operation_duration_seconds", "mcp_client_resumption_task_duration_seconds",
+     "mcp_client_resumption_task_polls"}
 )  # fmt: skip
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 SCRAPE_LABELS = frozenset({"job", "instance"})
@@ -78,6 +84,9 @@ OUTCOMES = frozenset(
      "not_resumable", "failed"}
 )  # fmt: skip
 FATES = frozenset({"answered", "reissued", "lost"})
+TASK_FATES = frozenset(
+    {"completed", "failed", "cancelled", "lost", "expired", "abandoned", "handle_lost"}
+)
 GAP_KINDS = frozenset(
     {
         "session_changed",
@@ -100,7 +109,13 @@ LABEL_VALUES: dict[str, frozenset[str]] = {
     "mcp_resumption_subscription_relistened": frozenset({"true", "false"}),
     "mcp_resumption_reissue_idempotent": frozenset({"true", "false", "unknown"}),
     "mcp_resumption_reissue_risk": frozenset({"none", "may_run_twice"}),
+    "mcp_resumption_task_fate": TASK_FATES,
+    "mcp_resumption_task_cancel_ignored": frozenset({"true"}),
 }
+TASK_LABELS = frozenset(
+    {"mcp_resumption_task_fate", "mcp_transport", "server_address", "server_port",
+     "gen_ai_tool_name"}
+)  # fmt: skip
 METRIC_LABELS: dict[str, frozenset[str]] = {
     "mcp_client_resumption_attempts_total": frozenset(
         {
@@ -138,6 +153,12 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "mcp_client_operation_duration_seconds": frozenset(
         {"mcp_method_name", "gen_ai_tool_name", "error_type", "mcp_protocol_version",
          "server_address", "server_port"}
+    ),
+    "mcp_client_resumption_tasks_total": TASK_LABELS | {"mcp_resumption_task_cancel_ignored"},
+    "mcp_client_resumption_task_duration_seconds": TASK_LABELS,
+    "mcp_client_resumption_task_polls": TASK_LABELS,
+    "mcp_client_resumption_task_unroutable_total": frozenset(
+        {"mcp_transport", "server_address", "server_port"}
     ),
 }
 
@@ -489,6 +510,28 @@ def test_dashboard_has_the_agreed_panels(dashboard: dict[str, Any]) -> None:
         r"sum by \(mcp_resumption_leg, mcp_resumption_request_fate\) \(rate\("
         r'mcp_client_resumption_broken_requests_total\{[^}]*mcp_resumption_leg=~"\.\+"\}'
     )
+    # tasks: the losses, fates per server and tool, the losses per second by
+    # fate, and each task's life by fate from cumulative buckets
+    losses = r'mcp_resumption_task_fate=~"lost\|expired\|handle_lost"'
+    assert some(rf"sum\(increase\(mcp_client_resumption_tasks_total\{{[^}}]*{losses}\}}")
+    assert some(
+        r"sum\(increase\(mcp_client_resumption_tasks_total\{[^}]*"
+        r'mcp_resumption_task_fate="abandoned"\}'
+    )
+    assert some(
+        r"sum by \(server_address, server_port, gen_ai_tool_name, mcp_resumption_task_fate\) "
+        r"\(increase\(mcp_client_resumption_tasks_total\{[^}]*\}\[1h\]\)\) > 0"
+    )
+    assert some(
+        rf"sum by \(mcp_resumption_task_fate\) \(rate\(mcp_client_resumption_tasks_total"
+        rf"\{{[^}}]*{losses}\}}"
+    )
+    for quantile in ("0.5", "0.95", "0.99"):
+        assert some(
+            rf"histogram_quantile\({quantile}, sum by \(le, mcp_resumption_task_fate\) "
+            r"\(max_over_time\(mcp_client_resumption_task_duration_seconds_bucket"
+        )
+    assert some(r"increase\(mcp_client_resumption_task_unroutable_total")
     # the share of breaks not resumable, per server: not_resumable over every attempt
     assert some(
         r'sum by \(server_address, server_port\) \(increase\(mcp_client_resumption_attempts_total'
@@ -651,6 +694,18 @@ def test_the_agreed_alerts_exist() -> None:
     [risky] = alerts_on(r'mcp_resumption_reissue_risk="may_run_twice"')
     [twice] = alerts_on(r"mcp_client_resumption_duplicate_runs_total")
     assert risky["labels"]["severity"] == twice["labels"]["severity"] == "warning"
+    # a lost task warns as a lost call does (same severity, at once); abandoned
+    # tasks warn; no clean fate (completed, failed, cancelled) alerts
+    task_alerts = alerts_on(r"mcp_client_resumption_tasks_total")
+    assert {rule["alert"] for rule in task_alerts} == {
+        "McpResumptionTaskLost", "McpResumptionTaskAbandoned"}
+    for rule in task_alerts:
+        assert rule["labels"]["severity"] == lost_call["labels"]["severity"], rule["alert"]
+        assert rule["for"] == lost_call["for"], rule["alert"]
+        fates = {m[2] for s in parse_promql(rule["expr"]).selectors for m in s.matchers
+                 if m[0] == "mcp_resumption_task_fate"}  # fmt: skip
+        assert fates == ({"lost|expired|handle_lost"} if rule["alert"] ==
+                         "McpResumptionTaskLost" else {"abandoned"}), rule["expr"]
     unverifiable = alerts_on(r'mcp_resumption_outcome="unverifiable"')
     assert unverifiable and all(
         rule["labels"]["severity"] == "info" and ">=" in rule["expr"] for rule in unverifiable
@@ -767,7 +822,7 @@ def test_dashboard_rows_variables_and_import(dashboard: dict[str, Any]) -> None:
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
     assert rows == ["Overview", "SLO and error budget", "Gaps", "Latency", "Per server",
                     "Broken calls", "Subscriptions and re-issues", "Operations",
-                    "Proxy legs"]  # fmt: skip
+                    "Proxy legs", "Tasks"]  # fmt: skip
     variables = _variables(dashboard)
     assert {"datasource", "job", "instance", "server_address", "slo_target"} <= set(variables)
     assert variables["server_address"]["query"]["query"].endswith(", server_address)")

@@ -4,7 +4,9 @@ alert, and the controls raise none."""
 
 from __future__ import annotations
 
-from dashboard_queries import load_dashboard, panel_queries
+import pytest
+
+from dashboard_queries import iter_panels, load_dashboard, panel_queries, row_of
 from prometheus_stack import Prometheus, ScrapedDemo, free_port
 
 GAP_SCENARIOS = {
@@ -47,13 +49,31 @@ def _settled(prometheus: Prometheus, at: float, interval: float) -> float:
     return settled
 
 
+# The Tasks row reads the task ledger's metrics, which the demo emits once it
+# runs tasks: checked apart, below, until then.
+TASK_ROW = "Tasks"
+
+
+def _queries(*, tasks: bool) -> list[tuple[str, str]]:
+    """(title, expr) of every panel outside the Tasks row, or of the Tasks row."""
+    dashboard = load_dashboard()
+    row = {p["title"]: row_of(dashboard)[p["id"]] for p in iter_panels(dashboard)}
+    return [(t, e) for t, e in panel_queries(dashboard) if (row[t] == TASK_ROW) == tasks]
+
+
 def test_every_panel_query_returns_data(shipped_stack):
     prometheus, _, at = shipped_stack
-    empty = [
-        f"{title}: {expr}"
-        for title, expr in panel_queries(load_dashboard())
-        if not prometheus.query(expr, at)
-    ]
+    queries = _queries(tasks=False)
+    empty = [f"{title}: {expr}" for title, expr in queries if not prometheus.query(expr, at)]
+    assert empty == []
+
+
+@pytest.mark.xfail(strict=True, reason="needs the task ledger (t1) and the demo's task rows")
+def test_every_task_panel_query_returns_data(shipped_stack):
+    prometheus, _, at = shipped_stack
+    queries = _queries(tasks=True)
+    assert len(queries) >= 10
+    empty = [f"{title}: {expr}" for title, expr in queries if not prometheus.query(expr, at)]
     assert empty == []
 
 
