@@ -10,17 +10,22 @@ that socket listens, and the routers' records of what reached each leg.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import subprocess
 import sys
 
 import httpx
+import pytest
 
 from helpers import clean_env
 from mcp_resumption_demo.loopback import LoopbackServer
 from proxy_harness import proxy, stack
+from test_proxy_sdk import settled
 from test_proxy_shutdown import ADMIN, admin_of, until_status
-from wire import sdk_app
+from wire import LEGACY, MCP1, AppClient, IntegerEventStore, sdk_app
+
+from prometheus_stack import Prometheus, free_port
 
 UNREACHABLE = "is unreachable"
 BACK = "answers again (unreachable for"
@@ -133,3 +138,76 @@ def test_an_admin_address_taken_is_one_line_and_status_2() -> None:
         f"mcp-resumption-proxy: --admin: cannot listen on 127.0.0.1:{port}"), done.stderr
     assert len(done.stderr.splitlines()) == 1, done.stderr
 
+
+
+# ================================================================ Prometheus
+
+SCRAPED = [
+    pytest.param(LEGACY, marks=pytest.mark.mcp2, id=LEGACY),
+    pytest.param(MCP1, marks=pytest.mark.mcp1, id=MCP1),
+]
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+MCP_SERIES = re.compile(r"^mcp_\w+\{[^}]*\} \S+$", re.MULTILINE)
+
+
+@pytest.mark.parametrize("kind", SCRAPED)
+def test_prometheus_scrapes_both_legs_from_the_admin_address(kind, tmp_path) -> None:
+    """OTEL_METRICS_EXPORTER=prometheus: a real Prometheus scraping the admin
+    address's /metrics reads each leg's series apart, by mcp_resumption_leg,
+    and the admin address serves what the exporter's own port serves.  The
+    upstream router cuts the call's stream after its progress (one cut on
+    proxy_server, the wire's truth); the client resumes through the proxy
+    (one resume on client_proxy)."""
+    exporter_port = free_port()
+
+    async def scenario():
+        async with stack(sdk_app(IntegerEventStore()), cut_upstream=True, proxy_args=ADMIN,
+                         OTEL_METRICS_EXPORTER="prometheus",
+                         OTEL_EXPORTER_PROMETHEUS_HOST="127.0.0.1",
+                         OTEL_EXPORTER_PROMETHEUS_PORT=str(exporter_port)) as running:
+            admin = await asyncio.to_thread(admin_of, running.proxy)
+            async with AppClient(kind, running.url) as client:
+                assert await client.call("x") == "done x"
+            await settled(running.client_router, running.upstream_router)
+            prometheus = Prometheus(tmp_path, int(admin.rsplit(":", 1)[1]), interval="1s")
+            try:
+                legs = await asyncio.to_thread(prometheus.wait, lambda: read_legs(prometheus))
+            finally:
+                await asyncio.to_thread(prometheus.close)
+            exporter = f"http://127.0.0.1:{exporter_port}/metrics"
+            from_admin = await asyncio.to_thread(httpx.get, admin + "/metrics")
+            from_exporter = await asyncio.to_thread(httpx.get, exporter)
+            # The format follows the scraper's Accept, as the exporter's does.
+            types = {}
+            for url in (admin + "/metrics", exporter):
+                answer = await asyncio.to_thread(httpx.get, url, headers={"accept": OPENMETRICS})
+                types[url == exporter] = answer.headers["content-type"]
+            return running, legs, from_admin, from_exporter, types
+
+    running, legs, from_admin, from_exporter, types = asyncio.run(scenario())
+    assert types[True] == types[False] and "openmetrics" in types[True], types
+    assert sum(e.severed for e in running.upstream_router.exchanges) == 1
+    assert not any(e.severed for e in running.client_router.exchanges)
+    assert legs == {
+        ("proxy_server", "mcp_client_resumption_broken_requests_total", "answered"): 1.0,
+        ("client_proxy", "mcp_server_resumption_requests_total", "replayed"): 1.0,
+    }, legs
+    assert from_admin.status_code == 200
+    assert from_admin.headers["content-type"] == from_exporter.headers["content-type"]
+    admin_series = sorted(MCP_SERIES.findall(from_admin.text))
+    assert admin_series and admin_series == sorted(MCP_SERIES.findall(from_exporter.text))
+
+
+def read_legs(prometheus: Prometheus) -> dict[tuple, float] | None:
+    """Prometheus has read a broken request and a client resume, by leg."""
+    found = {}
+    for metric, label in (("mcp_client_resumption_broken_requests_total",
+                           "mcp_resumption_request_fate"),
+                          ("mcp_server_resumption_requests_total", "mcp_resumption_outcome")):
+        for series in prometheus.query(
+                f"sum by (mcp_resumption_leg, {label}) ({metric})"):
+            labels = series["metric"]
+            value = float(series["value"][1])
+            if value:
+                found[labels.get("mcp_resumption_leg"), metric, labels.get(label)] = value
+    return found if len(found) >= 2 else None

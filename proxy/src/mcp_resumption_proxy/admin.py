@@ -15,10 +15,13 @@ id, and a probe must not cost the server that, nor a line in its log, nor a
 series in the plugin's telemetry.  What it cannot tell is a server that
 accepts connections and then hangs; the calls' own telemetry tells that.
 
-The admin address speaks just enough HTTP/1.1 for probes (``GET`` and
-``HEAD``, one request per connection, a bounded head): it takes no MCP
+The admin address speaks just enough HTTP/1.1 for probes and scrapes (``GET``
+and ``HEAD``, one request per connection, a bounded head): it takes no MCP
 path, so a health check never goes upstream, and it stays up through the
-drain, answering ``/readyz`` with 503 until the process exits.
+drain, answering ``/readyz`` with 503 until the process exits.  With
+``OTEL_METRICS_EXPORTER=prometheus`` it also serves ``/metrics``: what the
+exporter serves on its own port, both legs' series with their
+``mcp_resumption_leg`` label.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -115,11 +119,15 @@ class UpstreamProbe:
 
 class AdminServer:
     """``/healthz`` and ``/readyz`` on ``sock`` (bound, not yet listening).
-    ``ready`` answers the readiness question: None when ready, else why not."""
+    ``ready`` answers the readiness question: None when ready, else why not.
+    ``metrics``: the Prometheus exposition and its content type for a
+    request's ``Accept``, served on ``/metrics`` (None: not served)."""
 
-    def __init__(self, sock: socket.socket, ready: Callable[[], str | None]) -> None:
+    def __init__(self, sock: socket.socket, ready: Callable[[], str | None],
+                 metrics: Callable[[str], tuple[bytes, str]] | None = None) -> None:
         self.sock = sock
         self.not_ready = ready
+        self.metrics = metrics
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
@@ -136,16 +144,25 @@ class AdminServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
 
-    def answer(self, method: str, path: str) -> tuple[int, str]:
+    async def answer(self, method: str, path: str, accept: str = "") -> tuple[int, str, bytes]:
+        """(status, content type, body) for a request's method, path and Accept."""
         if method not in ("GET", "HEAD"):
-            return 405, "method not allowed\n"
+            return 405, TEXT, b"method not allowed\n"
         path = path.split("?", 1)[0]
         if path == "/healthz":
-            return 200, "ok\n"
+            return 200, TEXT, b"ok\n"
         if path == "/readyz":
             why = self.not_ready()
-            return (200, "ready\n") if why is None else (503, f"not ready: {why}\n")
-        return 404, "not found: /healthz, /readyz\n"
+            return (200, TEXT, b"ready\n") if why is None else (
+                503, TEXT, f"not ready: {why}\n".encode())
+        if path == "/metrics" and self.metrics is not None:
+            # The exporter's collection runs the instruments' callbacks,
+            # which take locks: off the event loop.
+            body, content_type = await asyncio.to_thread(self.metrics, accept)
+            return 200, content_type, body
+        if path == "/metrics":
+            return 404, TEXT, b"not found: /metrics needs OTEL_METRICS_EXPORTER=prometheus\n"
+        return 404, TEXT, b"not found: /healthz, /readyz, /metrics\n"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -155,21 +172,53 @@ class AdminServer:
             writer.close()
             return
         parts = head.split(b"\r\n", 1)[0].split()
+        method = "GET"
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-            status, body = 400, "bad request\n"
-            method = "GET"
+            status, content_type, body = 400, TEXT, b"bad request\n"
         else:
             method = parts[0].decode("latin-1")
-            status, body = self.answer(method, parts[1].decode("latin-1"))
-        payload = body.encode()
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-                  503: "Service Unavailable"}[status]
+            accept = ""
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"accept":
+                    accept = value.strip().decode("latin-1")
+            try:
+                status, content_type, body = await self.answer(
+                    method, parts[1].decode("latin-1"), accept)
+            except Exception as error:  # an exporter's fault: said, never a traceback
+                status, content_type, body = 500, TEXT, f"{type(error).__name__}\n".encode()
         writer.write(
-            f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-            f"content-length: {len(payload)}\r\ncache-control: no-store\r\n"
-            f"connection: close\r\n\r\n".encode()
-            + (b"" if method == "HEAD" else payload)
+            f"HTTP/1.1 {status} {REASONS[status]}\r\ncontent-type: {content_type}\r\n"
+            f"content-length: {len(body)}\r\ncache-control: no-store\r\n"
+            f"connection: close\r\n\r\n".encode("latin-1")
+            + (b"" if method == "HEAD" else body)
         )
         with contextlib.suppress(Exception):
             await writer.drain()
         writer.close()
+
+
+TEXT = "text/plain; charset=utf-8"
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+           500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def prometheus_metrics() -> Callable[[str], tuple[bytes, str]] | None:
+    """What the Prometheus exporter serves on its own port, for ``/metrics``
+    on the admin address: where ``OTEL_METRICS_EXPORTER`` names it."""
+    exporters = {name.strip() for name in os.environ.get("OTEL_METRICS_EXPORTER", "").split(",")}
+    if "prometheus" not in exporters:
+        return None
+    try:
+        from prometheus_client import REGISTRY
+        from prometheus_client.exposition import choose_encoder
+    except ImportError:
+        return None
+
+    def exposition(accept: str) -> tuple[bytes, str]:
+        # The format the exporter's own server would choose for this Accept
+        # (Prometheus asks for OpenMetrics first).
+        encoder, content_type = choose_encoder(accept)
+        return encoder(REGISTRY), content_type
+
+    return exposition

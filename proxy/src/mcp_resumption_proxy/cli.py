@@ -110,8 +110,9 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
                         "at once")
     parser.add_argument("--admin", type=parse_listen, default=None, metavar="HOST:PORT",
                         help="serve GET /healthz (live) and /readyz (ready: the upstream "
-                        "answers and the proxy is not draining) on this address of their own; "
-                        "its URL is printed to stderr")
+                        "answers and the proxy is not draining) on this address of their own, "
+                        "and /metrics with OTEL_METRICS_EXPORTER=prometheus; its URL is printed "
+                        "to stderr")
     parser.add_argument("--upstream-probe", type=_interval, default=None, metavar="SECONDS",
                         help="how often the upstream is probed (a TCP connection, no HTTP "
                         "request) for readiness and for the unreachable/back log lines "
@@ -271,7 +272,7 @@ class _Server:
                 admin: socket.socket | None, drain_s: float) -> Any:
         import uvicorn
 
-        from .admin import AdminServer
+        from .admin import AdminServer, prometheus_metrics
 
         class Server(uvicorn.Server):
             _stop_asked: float | None = None
@@ -279,7 +280,8 @@ class _Server:
             async def startup(self, sockets: Any = None) -> None:
                 self.admin = None
                 if admin is not None:
-                    self.admin = AdminServer(admin, ready=self.not_ready)
+                    self.admin = AdminServer(admin, ready=self.not_ready,
+                                             metrics=prometheus_metrics())
                     await self.admin.start()
                 probe.start()
                 await super().startup(sockets=sockets)
@@ -290,8 +292,9 @@ class _Server:
                 gc.freeze()
                 print(url, flush=True)
                 if self.admin is not None:
-                    print(f"mcp-resumption-proxy: admin on {self.admin.url} "
-                          "(/healthz, /readyz)", file=sys.stderr, flush=True)
+                    served = "/healthz, /readyz" + (", /metrics" if self.admin.metrics else "")
+                    print(f"mcp-resumption-proxy: admin on {self.admin.url} ({served})",
+                          file=sys.stderr, flush=True)
 
             def not_ready(self) -> str | None:
                 if drain.draining or self.should_exit:
