@@ -96,13 +96,16 @@ class Stopped:
         self.code: int | None = None
 
 
-async def stop_mid_call(kind: str, *, drain: float, release_after: float | None) -> Stopped:
+async def stop_mid_call(kind: str, *, drain: float, release_after: float | None,
+                        json_response: bool = False) -> Stopped:
     """One call through the stack; SIGTERM once its progress reached the
-    client; the tool answers ``release_after`` seconds after the SIGTERM
-    (None: never, until the proxy is gone)."""
+    client (``json_response``: once the call reached the server, which
+    answers with JSON, its headers only with its answer); the tool answers
+    ``release_after`` seconds after the SIGTERM (None: never, until the
+    proxy is gone)."""
     gate = threading.Event()
     seen = Stopped()
-    async with stack(sdk_app(answer_when=gate), script=True,
+    async with stack(sdk_app(answer_when=gate, json_response=json_response), script=True,
                      proxy_args=("--drain", str(drain), *ADMIN)) as running:
         seen.stack = running
         proxy = running.proxy
@@ -113,8 +116,12 @@ async def stop_mid_call(kind: str, *, drain: float, release_after: float | None)
         # entered in when its stream fails, and the test's task must go on.
         calling = asyncio.ensure_future(call_until(kind, running.url, drain + 20, done))
         try:
-            await running.client_router.wait_for(
-                lambda log: (e := the_call(log)) is not None and any(map(is_progress, e.events)))
+            if json_response:
+                await running.upstream_router.wait_for(lambda log: the_call(log) is not None)
+            else:
+                await running.client_router.wait_for(
+                    lambda log: (e := the_call(log)) is not None
+                    and any(map(is_progress, e.events)))
             client_leg = the_call(running.client_router.exchanges)
 
             async def ended() -> None:
@@ -137,9 +144,11 @@ async def stop_mid_call(kind: str, *, drain: float, release_after: float | None)
                 gate.set()
             seen.code = await asyncio.to_thread(proxy.process.wait, drain + 10)
             seen.times["exited"] = time.monotonic()
+            seen.upstream_status = the_call(running.upstream_router.exchanges).status
             await asyncio.wait_for(watching, 10)
-            await running.upstream_router.wait_for(
-                lambda log: the_call(log) is not None and the_call(log).finished.is_set())
+            if not json_response:  # (the router waits for the server's headers first)
+                await running.upstream_router.wait_for(
+                    lambda log: the_call(log) is not None and the_call(log).finished.is_set())
         finally:
             gate.set()  # the server's thread ends either way
             done.set()
@@ -236,3 +245,25 @@ def test_a_call_answered_within_the_drain_reaches_its_client(kind) -> None:
     assert seen.times["exited"] - seen.times["released"] < 1.5, seen.times
     assert not TRACEBACK.search(running.proxy.stderr), running.proxy.stderr
     assert "were cut" not in running.proxy.stderr
+
+
+# ================================================================ cut before the upstream answered
+
+
+@pytest.mark.parametrize("kind", ANSWERING)
+def test_a_call_whose_upstream_never_answered_gets_503_at_the_drains_end(kind) -> None:
+    """A server that answers with JSON sends its headers only with the
+    answer: at the drain's end the proxy is still waiting for them.  That
+    exchange is ended too: the client gets 503, the proxy exits 0 in time,
+    without a traceback."""
+    seen = asyncio.run(stop_mid_call(kind, drain=DRAIN, release_after=None, json_response=True))
+    running = seen.stack
+    client_leg = the_call(running.client_router.exchanges)
+    assert client_leg.status == 503, client_leg
+    assert b"mcp-resumption-proxy: shutting down" in client_leg.raw, client_leg.raw
+    assert seen.upstream_status is None  # the server had not answered when the proxy exited
+    assert "1 stream(s) still open were cut" in running.proxy.stderr, running.proxy.stderr
+    assert seen.code == 0, running.proxy.stderr
+    assert DRAIN - 0.1 <= since_sigterm(seen, "client stream ended") <= DRAIN + 1.0, seen.times
+    assert since_sigterm(seen, "exited") <= DRAIN + 1.0, seen.times
+    assert not TRACEBACK.search(running.proxy.stderr), running.proxy.stderr

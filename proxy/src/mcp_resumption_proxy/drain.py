@@ -118,6 +118,9 @@ class Drain:
         except asyncio.CancelledError:
             if not exchange.cancelled:
                 raise
+            task = exchange.task
+            if task is not None and hasattr(task, "uncancel"):  # Python 3.11+
+                task.uncancel()  # the drain's own cancel, taken back
         finally:
             self._open.discard(exchange)
             if self._waiters:
