@@ -260,7 +260,8 @@ def test_a_call_whose_upstream_never_answered_gets_503_at_the_drains_end(kind) -
     running = seen.stack
     client_leg = the_call(running.client_router.exchanges)
     assert client_leg.status == 503, client_leg
-    assert b"mcp-resumption-proxy: shutting down" in client_leg.raw, client_leg.raw
+    # The drain's own 503 (mcp 1.x may close on its status before the body).
+    assert client_leg.response_header("retry-after") == "1", client_leg
     assert seen.upstream_status is None  # the server had not answered when the proxy exited
     assert "1 stream(s) still open were cut" in running.proxy.stderr, running.proxy.stderr
     assert seen.code == 0, running.proxy.stderr
