@@ -98,10 +98,6 @@ class Drain:
         # (condition on the open exchanges, its future): checked as each ends.
         self._waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
 
-    @property
-    def open_exchanges(self) -> int:
-        return len(self._open)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
