@@ -232,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         enforced_errors=processor.enforced_errors if enforcing else None,
         shared_relays=None if store is None or not args.resumable else shared.SharedRelays(store),
     )
-    app = Drain(proxy_app)
+    # At the drain's end the app stops waiting for the answers it could not
+    # deliver (they are lost, on their leg) before the cut, not after it.
+    app = Drain(proxy_app, before_cut=getattr(proxy_app, "stop_waiting", None))
     probe = UpstreamProbe(args.upstream, interval=args.upstream_probe or PROBE_INTERVAL_S)
     host, port = args.listen
     sock = bound(host, port)

@@ -16,9 +16,12 @@ session id) and a resume carry answers: they are waited for.
 
 The cut goes through the app's own path for a client that left: each open
 exchange's ``receive`` answers ``http.disconnect`` at once, so the app closes
-its upstream stream and returns, as when the client's connection breaks; the
-scope is marked first (:data:`CUT`, :func:`was_cut`), so that the app can tell
-the requests the proxy cut from the ones a client gave up.  The client's
+its upstream stream and returns, as when the client's connection breaks.
+First the app is told to stop waiting (``before_cut``: the app's
+``stop_waiting``, where it has one), so that every answer it has not
+delivered, on the streams cut here too, is counted lost on its leg rather
+than read as a client that gave up; and each cut exchange's scope is marked
+(:data:`CUT`, :func:`was_cut`).  The client's
 response is then ended cleanly (an SSE stream's last chunk: the client sees
 the stream end, as when a server closes it, and may resume elsewhere with its
 last event id), rather than by uvicorn's cancellation of the task, which
@@ -35,10 +38,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from .forwarding import Receive, Scope, Send
+
+_logger = logging.getLogger(__name__)
 
 # The scope's mark of an exchange the proxy itself cut at the drain's end.
 CUT = "mcp_resumption_proxy.cut"
@@ -90,8 +96,9 @@ class Drain:
     """``app`` with a drain: :meth:`begin` at SIGTERM, :meth:`cut` at the
     period's end or once :meth:`quiet`."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, before_cut: Callable[[], None] | None = None) -> None:
         self.app = app
+        self.before_cut = before_cut
         self.draining = False
         self._open: set[_Exchange] = set()
         self._cut: asyncio.Future[None] | None = None
@@ -207,6 +214,12 @@ class Drain:
         """End every exchange still open: each is marked (:data:`CUT`) and
         sees its client leave; those still running after ``GRACE_S`` are
         cancelled.  Returns how many of them could still carry an answer."""
+        if self.before_cut is not None:
+            try:
+                self.before_cut()
+            except Exception:  # the count's fault must not keep the process from stopping
+                _logger.warning("mcp-resumption-proxy: counting the streams cut at "
+                                "shutdown failed", exc_info=True)
         cutting = list(self._open)
         for exchange in cutting:
             exchange.scope[CUT] = True
