@@ -49,8 +49,11 @@ class Proxy:
     """``python -m mcp_resumption_proxy --upstream URL ...`` until :meth:`close`."""
 
     def __init__(self, upstream: str, *args: str, otel_instrument: bool = False,
-                 **env: str) -> None:
-        command = [sys.executable, "-m", "mcp_resumption_proxy", "--upstream", upstream, *args]
+                 script: bool = False, **env: str) -> None:
+        # ``script``: the venv's console script, as a supervisor runs it.
+        program = ([str(Path(sys.executable).parent / "mcp-resumption-proxy")] if script
+                   else [sys.executable, "-m", "mcp_resumption_proxy"])
+        command = [*program, "--upstream", upstream, *args]
         if otel_instrument:
             command = [str(Path(sys.executable).parent / "opentelemetry-instrument"), *command]
         settings = {
