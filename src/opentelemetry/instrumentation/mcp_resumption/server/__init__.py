@@ -66,6 +66,23 @@ SITES = (
         "_manager_request",
     ),
     ("mcp.server.sse", "SseServerTransport.connect_sse", "legacy", "_connect"),
+    # The conventions' duration metrics (operations.py): mcp 1.x ...
+    ("mcp.server.lowlevel.server", "Server._handle_request", "operations", "_handle_request"),
+    (
+        "mcp.server.lowlevel.server",
+        "Server._handle_notification",
+        "operations",
+        "_handle_notification",
+    ),
+    ("mcp.server.lowlevel.server", "Server.run", "operations", "_run"),
+    ("mcp.server.session", "ServerSession._received_request", "operations", "_received_request"),
+    ("mcp.server.session", "ServerSession._send_response", "operations", "_send_response"),
+    # ... and mcp 2.x, where every transport and era goes through the runner
+    # (the functions are looked up in their module when called).
+    ("mcp.server.runner", "ServerRunner._on_request", "operations", "_on_request"),
+    ("mcp.server.runner", "ServerRunner._on_notify", "operations", "_on_notify"),
+    ("mcp.server.runner", "aclose_shielded", "operations", "_aclose"),
+    ("mcp.server.runner", "_serve_legacy_stream", "operations", "_legacy_stream"),
 )
 
 
@@ -144,7 +161,9 @@ class McpResumptionServerInstrumentor(BaseInstrumentor):
 
     ``instrument()`` accepts ``meter_provider``, ``logger_provider``, ``guard``
     (``off`` / ``reject``, else ``OTEL_PYTHON_MCP_RESUMPTION_SERVER_GUARD``)
-    and ``session_id`` (``hash`` / ``raw`` / ``omit``, as on the client side).
+    ``session_id`` (``hash`` / ``raw`` / ``omit``, as on the client side) and
+    ``operation_metric`` (``mcp.server.operation.duration`` and
+    ``mcp.server.session.duration``; ``OTEL_PYTHON_MCP_RESUMPTION_OPERATION_METRIC``).
     """
 
     _installation: Installation | None = None
@@ -191,10 +210,20 @@ def _observer(kwargs: dict[str, Any]) -> ServerObserver:
     so an invalid one is reported when the process first serves MCP."""
     from .. import config
     from .observer import ServerObserver
+    from .operations import ServerOperations
 
-    return ServerObserver(
+    settings = config.load(
+        {"session_id": kwargs.get("session_id"), "operation_metric": kwargs.get("operation_metric")}
+    )
+    observer = ServerObserver(
         meter_provider=kwargs.get("meter_provider"),
         logger_provider=kwargs.get("logger_provider"),
-        settings=config.load({"session_id": kwargs.get("session_id")}),
+        settings=settings,
         guard=config.load_server_guard(kwargs.get("guard")),
     )
+    # The conventions' durations: off with the client half's operation metric
+    # (OTEL_PYTHON_MCP_RESUMPTION_OPERATION_METRIC=false), for who has them elsewhere.
+    observer.operations = (
+        ServerOperations(kwargs.get("meter_provider")) if settings.operation_metric else None
+    )
+    return observer
