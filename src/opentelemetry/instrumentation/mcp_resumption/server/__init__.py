@@ -83,6 +83,9 @@ SITES = (
     ("mcp.server.runner", "ServerRunner._on_notify", "operations", "_on_notify"),
     ("mcp.server.runner", "aclose_shielded", "operations", "_aclose"),
     ("mcp.server.runner", "_serve_legacy_stream", "operations", "_legacy_stream"),
+    # The last counts before the server stops (a SIGTERM under uvicorn ends
+    # the process before the SDK's exit export): the ASGI lifespan's shutdown.
+    ("starlette.routing", "Router.lifespan", "shutdown", "_lifespan"),
 )
 
 
@@ -109,6 +112,11 @@ class _Active:
                             "mcp-resumption server instrumentation failed to start",
                             exc_info=True,
                         )
+        return self._observer
+
+    @property
+    def made(self) -> ServerObserver | None:
+        """The observer if a server call made it already (never makes one)."""
         return self._observer
 
     def start(self, make: Callable[[], ServerObserver]) -> None:
@@ -208,6 +216,10 @@ class McpResumptionServerInstrumentor(BaseInstrumentor):
 def _observer(kwargs: dict[str, Any]) -> ServerObserver:
     """The observer for ``instrument(**kwargs)``: its settings are read here,
     so an invalid one is reported when the process first serves MCP."""
+    from opentelemetry._logs import get_logger_provider
+
+    from opentelemetry import metrics
+
     from .. import config
     from .observer import ServerObserver
     from .operations import ServerOperations
@@ -220,6 +232,11 @@ def _observer(kwargs: dict[str, Any]) -> ServerObserver:
         logger_provider=kwargs.get("logger_provider"),
         settings=settings,
         guard=config.load_server_guard(kwargs.get("guard")),
+    )
+    # What the server half writes to, flushed at the server's shutdown (shutdown.py).
+    observer.providers = (
+        kwargs.get("meter_provider") or metrics.get_meter_provider(),
+        kwargs.get("logger_provider") or get_logger_provider(),
     )
     # The conventions' durations: off with the client half's operation metric
     # (OTEL_PYTHON_MCP_RESUMPTION_OPERATION_METRIC=false), for who has them elsewhere.
