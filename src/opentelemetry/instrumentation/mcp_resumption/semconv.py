@@ -258,3 +258,27 @@ SERVER_REPLAYED_EVENTS = (
     "{event}",
     "Events an MCP server's store replayed per resume request",
 )
+
+# The MCP semantic conventions' server metrics (semantic-conventions-genai,
+# Development stability), recorded by the server half: the SDKs record none.
+SERVER_OPERATION_DURATION = (
+    "mcp.server.operation.duration",
+    "s",
+    "MCP request or notification duration as observed on the receiver from the time it "
+    "was received until the result or ack is sent",
+)
+SERVER_SESSION_DURATION = (
+    "mcp.server.session.duration",
+    "s",
+    "The duration of the MCP session as observed on the MCP server",
+)
+NETWORK_TRANSPORT = "network.transport"
+# mcp.method.name on the server's metric: what a client sends a server; any
+# other is "_OTHER" (a peer cannot make the series unbounded).
+SERVER_METHODS = CLIENT_METHODS | frozenset(
+    {
+        "subscriptions/listen", "tasks/update", "notifications/initialized",
+        "notifications/cancelled", "notifications/progress", "notifications/roots/list_changed",
+        "notifications/elicitation/complete",
+    }
+)  # fmt: skip

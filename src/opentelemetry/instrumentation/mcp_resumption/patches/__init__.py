@@ -73,8 +73,9 @@ def wrap_targets(module: ModuleType, targets: Targets) -> Patched:
     has no ``EventSource``; older MCP SDKs lack a reconnect method)."""
     patched: Patched = []
     for target, wrapper in targets:
-        class_name, method = target.split(".")
-        owner = getattr(module, class_name, None)
+        class_name, _, method = target.rpartition(".")
+        # "function" alone: a function of the module itself
+        owner = getattr(module, class_name, None) if class_name else module
         if owner is None or not hasattr(owner, method):
             _logger.debug("%s has no %s: not observed", module.__name__, target)
             continue

@@ -66,6 +66,26 @@ SITES = (
         "_manager_request",
     ),
     ("mcp.server.sse", "SseServerTransport.connect_sse", "legacy", "_connect"),
+    # The conventions' duration metrics (operations.py): mcp 1.x ...
+    ("mcp.server.lowlevel.server", "Server._handle_request", "operations", "_handle_request"),
+    (
+        "mcp.server.lowlevel.server",
+        "Server._handle_notification",
+        "operations",
+        "_handle_notification",
+    ),
+    ("mcp.server.lowlevel.server", "Server.run", "operations", "_run"),
+    ("mcp.server.session", "ServerSession._received_request", "operations", "_received_request"),
+    ("mcp.server.session", "ServerSession._send_response", "operations", "_send_response"),
+    # ... and mcp 2.x, where every transport and era goes through the runner
+    # (the functions are looked up in their module when called).
+    ("mcp.server.runner", "ServerRunner._on_request", "operations", "_on_request"),
+    ("mcp.server.runner", "ServerRunner._on_notify", "operations", "_on_notify"),
+    ("mcp.server.runner", "aclose_shielded", "operations", "_aclose"),
+    ("mcp.server.runner", "_serve_legacy_stream", "operations", "_legacy_stream"),
+    # The last counts before the server stops (a SIGTERM under uvicorn ends
+    # the process before the SDK's exit export): the ASGI lifespan's shutdown.
+    ("starlette.routing", "Router.lifespan", "shutdown", "_lifespan"),
 )
 
 
@@ -92,6 +112,11 @@ class _Active:
                             "mcp-resumption server instrumentation failed to start",
                             exc_info=True,
                         )
+        return self._observer
+
+    @property
+    def made(self) -> ServerObserver | None:
+        """The observer if a server call made it already (never makes one)."""
         return self._observer
 
     def start(self, make: Callable[[], ServerObserver]) -> None:
@@ -144,7 +169,9 @@ class McpResumptionServerInstrumentor(BaseInstrumentor):
 
     ``instrument()`` accepts ``meter_provider``, ``logger_provider``, ``guard``
     (``off`` / ``reject``, else ``OTEL_PYTHON_MCP_RESUMPTION_SERVER_GUARD``)
-    and ``session_id`` (``hash`` / ``raw`` / ``omit``, as on the client side).
+    ``session_id`` (``hash`` / ``raw`` / ``omit``, as on the client side) and
+    ``operation_metric`` (``mcp.server.operation.duration`` and
+    ``mcp.server.session.duration``; ``OTEL_PYTHON_MCP_RESUMPTION_OPERATION_METRIC``).
     """
 
     _installation: Installation | None = None
@@ -189,12 +216,31 @@ class McpResumptionServerInstrumentor(BaseInstrumentor):
 def _observer(kwargs: dict[str, Any]) -> ServerObserver:
     """The observer for ``instrument(**kwargs)``: its settings are read here,
     so an invalid one is reported when the process first serves MCP."""
+    from opentelemetry._logs import get_logger_provider
+
+    from opentelemetry import metrics
+
     from .. import config
     from .observer import ServerObserver
+    from .operations import ServerOperations
 
-    return ServerObserver(
+    settings = config.load(
+        {"session_id": kwargs.get("session_id"), "operation_metric": kwargs.get("operation_metric")}
+    )
+    observer = ServerObserver(
         meter_provider=kwargs.get("meter_provider"),
         logger_provider=kwargs.get("logger_provider"),
-        settings=config.load({"session_id": kwargs.get("session_id")}),
+        settings=settings,
         guard=config.load_server_guard(kwargs.get("guard")),
     )
+    # What the server half writes to, flushed at the server's shutdown (shutdown.py).
+    observer.providers = (
+        kwargs.get("meter_provider") or metrics.get_meter_provider(),
+        kwargs.get("logger_provider") or get_logger_provider(),
+    )
+    # The conventions' durations: off with the client half's operation metric
+    # (OTEL_PYTHON_MCP_RESUMPTION_OPERATION_METRIC=false), for who has them elsewhere.
+    observer.operations = (
+        ServerOperations(kwargs.get("meter_provider")) if settings.operation_metric else None
+    )
+    return observer
