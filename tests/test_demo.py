@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from mcp_resumption_demo import scenarios
+from mcp_resumption_demo import scenarios, task_scenarios
+
+# The task rows need fastmcp-tasks (the demo's tasks extra, in the tasks
+# environment of scripts/test); elsewhere they say skipped, never pass.
+TASK_ROWS = {s.name for s in task_scenarios.SCENARIOS}
+TASKS_HERE = task_scenarios.prepare() is None
+
+
+def skipped_here(row: dict) -> bool:
+    return row["scenario"] in TASK_ROWS and not TASKS_HERE
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +53,9 @@ def rows(demo_command) -> dict[str, dict]:
 @pytest.mark.parametrize("scenario", [s.name for s in scenarios.all_scenarios()])
 def test_scenario_detects_exactly_its_ground_truth(rows, scenario):
     row = rows[scenario]
+    if skipped_here(row):
+        assert row["pass"] is None and row["skipped"].startswith("fastmcp-tasks"), row
+        return
     expected = scenarios.get_scenario(scenario)
     assert row["detected"] == sorted(expected.expected_gaps), row
     if expected.expected_outcome is None:  # no resume attempt at all
@@ -93,7 +105,8 @@ def test_demo_command_from_a_clean_environment(demo_command):
     assert noise == [], result.stderr
     printed = json.loads(result.stdout)
     assert [row["scenario"] for row in printed] == [s.name for s in scenarios.all_scenarios()]
-    assert all(row["pass"] for row in printed)
+    assert all(row["pass"] for row in printed if not skipped_here(row))
+    assert all(row["pass"] is None for row in printed if skipped_here(row))
     assert set(printed[0]) >= {"scenario", "happened", "expected", "detected", "outcome", "pass"}
 
 

@@ -39,8 +39,8 @@ from test_dashboard_values import (
 from dashboard_queries import iter_panels, load_dashboard, row_of, substitute
 from prometheus_stack import Prometheus, free_port
 
-# fastmcp-tasks needs mcp 2.x (and the test extra installs it on Python 3.12+)
-pytestmark = pytest.mark.mcp2
+# fastmcp-tasks needs mcp >= 2.3: the tasks environment of scripts/test only
+pytestmark = [pytest.mark.mcp2, pytest.mark.fastmcp_tasks]
 
 CLIENT = Path(__file__).resolve().parent / "programs" / "task_client.py"
 TASKS = "mcp_client_resumption_tasks_total"
@@ -101,7 +101,6 @@ def test_the_wire_has_a_completed_and_a_lost_task(task_stack):
     assert truth["unroutable"] > 0, truth
 
 
-@pytest.mark.xfail(strict=True, reason="needs the task ledger (t1)")
 def test_every_task_panel_shows_what_the_wire_recorded(task_stack):
     prometheus, truth, at, exposed, _ = task_stack
     assert TASKS in exposed, "the client exposes no task metric"
@@ -175,7 +174,6 @@ def test_every_task_panel_shows_what_the_wire_recorded(task_stack):
     assert all(ok for *_, ok in report), table
 
 
-@pytest.mark.xfail(strict=True, reason="needs the task ledger (t1)")
 def test_the_lost_task_warns_through_alertmanager_and_nothing_else_does(task_stack):
     """The fleet's lost task reaches the receiver as McpResumptionTaskLost,
     with its server and fate, the summary and the runbook link, and the

@@ -32,12 +32,11 @@ from task_stack import (
 )
 from wire import Fleet
 
-# fastmcp-tasks needs mcp 2.x (and the test extra installs it on Python 3.12+)
-pytestmark = pytest.mark.mcp2
+# fastmcp-tasks needs mcp >= 2.3: the tasks environment of scripts/test only
+pytestmark = [pytest.mark.mcp2, pytest.mark.fastmcp_tasks]
 
 TASKS = "mcp.client.resumption.tasks"
 TASK_FATE = "mcp.resumption.task.fate"
-NEEDS_LEDGER = "needs the task ledger (t1)"
 
 
 async def _through_proxy(server: TaskServer, scenario):
@@ -90,7 +89,6 @@ def test_clean_run_completes_end_to_end(clean_run):
     assert not any(c.error for c in calls), [c.error for c in calls if c.error]
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_LEDGER)
 def test_clean_run_counts_one_completed_task_on_the_upstream_leg(clean_run):
     _, _, proxy = clean_run
     assert proxy.counts(TASKS, TASK_FATE, LEG) == {("completed", "proxy_server"): 1}
@@ -152,7 +150,6 @@ def test_restart_mid_task_loses_the_task_on_the_wire(restarted_run):
     assert all(g.mcp_name == handle.task_id for g in gets)
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_LEDGER)
 def test_restart_mid_task_counts_lost_on_the_upstream_leg(restarted_run):
     _, _, proxy = restarted_run
     assert proxy.counts(TASKS, TASK_FATE, LEG) == {("lost", "proxy_server"): 1}

@@ -22,6 +22,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -82,6 +83,10 @@ class _AfterScrape:
 
     def __init__(self, inner, reader: _CountingReader) -> None:
         self.inner, self.reader, self.seen = inner, reader, set()
+        # when each request went on to its server (id of its RequestHead):
+        # after the wait for a scrape, which the router's received_at counts
+        # and the client's task life does not (it waits for the answer)
+        self.forwarded_at: dict[int, float] = {}
 
     async def __call__(self, request):
         message = request.jsonrpc or {}
@@ -90,6 +95,7 @@ class _AfterScrape:
             self.seen.add(task_id)
             before = self.reader.scrapes
             assert await asyncio.to_thread(self.reader.wait_after, before), "no scrape"
+        self.forwarded_at[id(request)] = time.monotonic()
         return self.inner(request)
 
 
@@ -103,12 +109,13 @@ async def main(metrics_port: int) -> None:
     sockets = [socket.socket() for _ in range(2)]
     for sock in sockets:
         sock.bind(("127.0.0.1", 0))
-    clean = await RawRouter(
-        _AfterScrape(RoundRobin(Backend("a", servers[0].port)), reader)
-    ).start(sockets[0])
-    fleet = await RawRouter(_AfterScrape(
-        RoundRobin(Backend("b", servers[1].port), Backend("c", servers[2].port)), reader
-    )).start(sockets[1])  # fmt: skip
+    policies = [
+        _AfterScrape(RoundRobin(Backend("a", servers[0].port)), reader),
+        _AfterScrape(RoundRobin(Backend("b", servers[1].port), Backend("c", servers[2].port)),
+                     reader),
+    ]  # fmt: skip
+    clean = await RawRouter(policies[0]).start(sockets[0])
+    fleet = await RawRouter(policies[1]).start(sockets[1])
     # A real client knows its servers before a task is lost, and Prometheus
     # has scraped their series at 0 by then (increase() cannot see a series
     # born at 1): the routers' servers are seen, then a scrape, then the tasks.
@@ -117,9 +124,9 @@ async def main(metrics_port: int) -> None:
         instrumentor.processor.server_seen("127.0.0.1", router.port)
     assert await asyncio.to_thread(reader.wait_after, before), "no scrape"
     truth, unnamed = [], 0
-    for router in (clean, fleet):
+    for router, policy in zip((clean, fleet), policies):
         await _run(router.url + "/mcp", 0.3)
-        found, n = _truth_of(router)
+        found, n = _truth_of(router, policy.forwarded_at)
         truth += found
         unnamed += n
     print(json.dumps({"tasks": truth, "unroutable": unnamed}), flush=True)
@@ -130,14 +137,15 @@ async def main(metrics_port: int) -> None:
         await asyncio.to_thread(server.close)
 
 
-def _truth_of(router) -> tuple[list[dict], int]:
+def _truth_of(router, forwarded_at: dict[int, float]) -> tuple[list[dict], int]:
     """Each task the router saw handed out: its fate from the last answer
     to its polls, and its life from the tools/call to that poll, as the
-    router received them; and the tasks/* requests without Mcp-Name."""
+    router sent them on to the server; and the tasks/* requests without
+    Mcp-Name."""
     calls = task_wire(router)
 
     def at(call) -> float:
-        return router.received_at[id(call.exchange.request)]
+        return forwarded_at[id(call.exchange.request)]
 
     found = []
     for handle in handles(calls):

@@ -167,6 +167,7 @@ def _wire_kept(reader: InMemoryMetricReader) -> dict[str, dict[str, int]]:
         "lost_subscriptions_by_filter": _sums(
             reader, sc.LOST_SUBSCRIPTIONS[0], sc.SUBSCRIPTION_NOTIFICATIONS
         ),
+        "tasks": _sums(reader, sc.TASKS[0], sc.TASK_FATE),
     }
 
 
@@ -177,6 +178,7 @@ WIRE_COUNTS = (
     "duplicate_runs",
     "lost_subscriptions",
     "lost_subscriptions_by_filter",
+    "tasks",
 )
 
 

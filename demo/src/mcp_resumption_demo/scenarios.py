@@ -1027,6 +1027,7 @@ SCENARIO_MODULES: Final = (
     "mcp_resumption_demo.bridge_scenarios",
     "mcp_resumption_demo.subscription_scenarios",
     "mcp_resumption_demo.proxy_scenarios",
+    "mcp_resumption_demo.task_scenarios",
 )
 
 

@@ -98,6 +98,8 @@ class TaskReports:
                 if request is None:
                     continue
                 found[key] = request
+                if request.form is not None and request.tool:
+                    self.telemetry.task_tool_seen(transport, facts.host, facts.port, request.tool)
                 if (
                     method.startswith("tasks/")
                     and transport == sc.TRANSPORT_STREAMABLE_HTTP

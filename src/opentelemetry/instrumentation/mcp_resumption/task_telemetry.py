@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 __all__ = ["TaskTelemetry"]
 
+# Tools whose task series are started at 0, at most (then a new tool's first
+# fate is born at 1, as before): a bound on a client calling ever new names.
+MAX_ZERO_SERIES_TOOLS = 1024
+
 # What each loss's line tells the reader to do.
 _ADVICE = {
     Fate.LOST: "the server no longer knows the task (restarted without a durable store, "
@@ -46,6 +50,7 @@ class TaskTelemetry:
     _task_duration: Any
     _task_polls: Any
     _task_unroutable: Any
+    _task_tools_seen: set[tuple[str, str, int | None, str]]
 
     def tasks_seen(self, server: dict[str, Any]) -> None:
         """A new server's task series, at 0 (``server_seen``)."""
@@ -55,6 +60,30 @@ class TaskTelemetry:
         self._task_unroutable.add(
             0, {sc.MCP_TRANSPORT: sc.TRANSPORT_STREAMABLE_HTTP, **server}
         )
+
+    def task_tool_seen(self, transport: str, host: str, port: int | None, tool: str) -> None:
+        """A call that could become a task names ``tool``: the first time,
+        its task series (each fate, with ``gen_ai.tool.name``) start at 0.
+
+        ``tasks_seen`` cannot start them (tool names are not known up front),
+        and Prometheus' ``increase()`` cannot see a series born at 1: without
+        this the first lost task of each tool would show, and page, as none.
+        A set lookup per such call after the first."""
+        tool = tool[:MAX_TOOL_NAME]
+        key = (transport, host, port, tool)
+        seen = self._task_tools_seen
+        if key in seen or len(seen) >= MAX_ZERO_SERIES_TOOLS:
+            return
+        seen.add(key)
+        attributes: dict[str, Any] = {
+            sc.MCP_TRANSPORT: transport,
+            sc.SERVER_ADDRESS: host,
+            sc.GEN_AI_TOOL_NAME: tool,
+        }
+        if port is not None:
+            attributes[sc.SERVER_PORT] = port
+        for fate in sc.TASK_FATES:
+            self._tasks.add(0, {sc.TASK_FATE: fate, **attributes})
 
     def task_ended(self, ended: Ended, transport: str, host: str, port: int | None) -> None:
         """One task's fate: counted, its life and polls recorded, and a

@@ -97,6 +97,7 @@ class TelemetrySink(CallTelemetry, TaskTelemetry):
             schema_url=sc.SCHEMA_URL,
         )
         self._servers_seen: set[tuple[str, int | None]] = set()
+        self._task_tools_seen: set[tuple[str, str, int | None, str]] = set()
         self._log_budget = LogBudget()
 
     # ------------------------------------------------------ the resume span
