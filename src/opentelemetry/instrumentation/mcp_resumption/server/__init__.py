@@ -66,6 +66,16 @@ SITES = (
         "_manager_request",
     ),
     ("mcp.server.sse", "SseServerTransport.connect_sse", "legacy", "_connect"),
+    # Where each answer went (answers.py): a 2026-07-28 request and its
+    # handler's run; a session's answers before 2026-07-28.
+    (
+        "mcp.server.streamable_http_manager",
+        "StreamableHTTPSessionManager._handle_request",
+        "answers",
+        "_manager_request",
+    ),
+    ("mcp.server.runner", "ServerRunner._on_request", "answers", "_on_request"),
+    ("mcp.server.streamable_http", "StreamableHTTPServerTransport.connect", "answers", "_connect"),
 )
 
 

@@ -1,0 +1,378 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""Where each answer of an MCP SDK server went: its delivery fate.
+
+Two paths, as the SDKs serve them:
+
+* 2026-07-28 (mcp 2.x, ``StreamableHTTPSessionManager._handle_request``
+  hands a request with a modern ``MCP-Protocol-Version`` to its single-exchange
+  handler).  The request's ``receive`` and ``send`` are observed, and the
+  handler's run (``ServerRunner._on_request``).  In SSE mode the SDK cancels
+  the handler when the client's stream closes: ``cancelled``.  In JSON mode
+  nothing watches the connection: when the answer is written the client's
+  connection is asked, without waiting, whether it is gone (Starlette's
+  ``Request.is_disconnected`` way); gone, the answer is ``undelivered`` and a
+  ``tools/call`` was work done for nobody.
+* Before 2026-07-28 (mcp 1.x and 2.x, ``StreamableHTTPServerTransport``): the
+  server's answers go through the transport's write stream to the request's
+  stream, which the SDK drops as soon as the client's connection closes.  An
+  answer whose stream is still there is ``delivered``; one whose stream is
+  gone is ``stored`` with an event store (a resume may replay it: then
+  ``replayed``; its session ending first: ``undelivered``) and
+  ``undelivered`` without one.  The handler ran on after the cut (a
+  disconnect is not a cancellation on these revisions): a ``tools/call`` was
+  work done for nobody.
+
+A ``subscriptions/listen`` (2026-07-28) is not an answer awaited: it is
+counted by how it ended (``mcp.server.resumption.listens``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections import OrderedDict
+from typing import Any
+
+from wrapt import ObjectProxy
+
+from .. import semconv as sc
+from ..patches import guarded
+from . import active
+from .delivery import Deliveries, deliveries
+from .observer import header
+
+LISTEN = "subscriptions/listen"
+TOOLS_CALL = "tools/call"
+TOOLS_LIST = "tools/list"
+REQUEST_CANCELLED = -32800  # the SDK's answer to a request cancelled before 2026-07-28
+MAX_PENDING = 10_000  # requests in flight remembered per session
+
+
+def _server(scope: Any, transport: str) -> tuple[str, str, int | None]:
+    server = scope.get("server") if isinstance(scope, dict) else None
+    if isinstance(server, (tuple, list)) and server:
+        port = server[1] if len(server) > 1 and isinstance(server[1], int) else None
+        return transport, str(server[0]), port
+    return transport, "", None
+
+
+# ---------------------------------------------------------------- 2026-07-28
+
+
+class _Exchange:
+    """One 2026-07-28 request, as its handler and its connection saw it."""
+
+    __slots__ = (
+        "_receive", "_send", "cancelled", "disconnected", "failed", "json", "method",
+        "params", "ran", "scope", "version", "written",
+    )
+
+    def __init__(self, scope: Any, receive: Any, send: Any, json_response: bool) -> None:
+        self.scope, self._receive, self._send, self.json = scope, receive, send, json_response
+        self.method: str | None = None
+        self.params: Any = None
+        self.version: str | None = None
+        self.ran = self.failed = self.cancelled = False
+        self.disconnected = False  # the client's connection is known gone
+        self.written = False  # the answer's last byte was handed to the server
+
+    async def receive(self) -> Any:
+        message = await self._receive()
+        if message.get("type") == "http.disconnect":
+            self.disconnected = True
+        return message
+
+    async def send(self, message: Any) -> None:
+        kind = message.get("type")
+        if kind == "http.response.start":
+            if self.json and self.ran and not self.disconnected and self.method != LISTEN:
+                # JSON mode: nobody watched the connection while the handler ran.
+                await self._probe()
+        elif kind == "http.response.body" and not message.get("more_body"):
+            self.written = not self.disconnected
+        await self._send(message)
+
+    async def _probe(self) -> None:
+        """Whether the client is gone, without waiting (Starlette's
+        ``Request.is_disconnected``): the body was read, so the only message
+        left to receive is the disconnect."""
+        message: Any = {}
+        with _cancelled_scope():
+            message = await self._receive()
+        if isinstance(message, dict) and message.get("type") == "http.disconnect":
+            self.disconnected = True
+
+
+@contextlib.contextmanager
+def _cancelled_scope() -> Any:
+    import anyio
+
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        yield
+
+
+_exchange: contextvars.ContextVar[_Exchange | None] = contextvars.ContextVar(
+    "mcp_resumption_server_exchange", default=None
+)
+
+
+def _modern_version(scope: Any) -> str | None:
+    version = header(scope, b"mcp-protocol-version")
+    if version is None:
+        return None
+    try:  # mcp 2.x: the revisions that still have a handshake
+        from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+    except ImportError:  # mcp 1.x serves no 2026-07-28
+        return None
+
+    return None if version in HANDSHAKE_PROTOCOL_VERSIONS else version
+
+
+def _manager_request(wrapped, instance, args, kwargs):
+    """``StreamableHTTPSessionManager._handle_request``: a 2026-07-28 request
+    is observed; every other request goes on as it is."""
+    observer = active.observer
+    if observer is None or not observer.enabled or kwargs or len(args) != 3:
+        return wrapped(*args, **kwargs)
+    scope, receive, send = args
+    if not isinstance(scope, dict) or scope.get("type") != "http":
+        return wrapped(*args, **kwargs)
+    version = guarded("reading a request's protocol version", _modern_version, scope)
+    if version is None:
+        return wrapped(*args, **kwargs)
+    exchange = _Exchange(scope, receive, send, bool(getattr(instance, "json_response", False)))
+    exchange.version = version
+    return _observed_exchange(observer, exchange, wrapped)
+
+
+async def _observed_exchange(observer: Any, exchange: _Exchange, wrapped: Any) -> None:
+    token = _exchange.set(exchange)
+    try:
+        await wrapped(exchange.scope, exchange.receive, exchange.send)
+    finally:
+        _exchange.reset(token)
+        guarded("judging an answer's delivery", _judge, observer, exchange)
+
+
+def _judge(observer: Any, exchange: _Exchange) -> None:
+    if exchange.method is None:  # refused before any handler ran
+        return
+    tallies = deliveries(observer)
+    server = _server(exchange.scope, sc.TRANSPORT_STREAMABLE_HTTP)
+    if exchange.method == LISTEN:
+        _listen_ended(tallies, exchange)
+        return
+    if exchange.cancelled:
+        if exchange.disconnected:
+            tallies.fate(sc.DELIVERY_CANCELLED, server)
+        else:  # the server itself stopped it (shutdown): nobody got an answer
+            tallies.fate(sc.UNDELIVERED, server)
+        return
+    if not exchange.ran:
+        return
+    if exchange.written:
+        tallies.fate(sc.DELIVERED, server)
+        return
+    tallies.fate(sc.UNDELIVERED, server)
+    if exchange.method == TOOLS_CALL and not exchange.failed:
+        reason = (
+            "JSON answers are not watched: nothing cancelled it" if exchange.json
+            else "the stream closed as it answered"
+        )
+        tallies.work_for_nobody(exchange.params, exchange.version, reason)
+
+
+def _listen_ended(tallies: Deliveries, exchange: _Exchange) -> None:
+    if exchange.cancelled and exchange.disconnected:
+        end = sc.LISTEN_CLOSED_BY_CLIENT
+    elif exchange.ran and not exchange.failed:
+        # Its result is the graceful close; a client gone as it was written
+        # had left on its own.
+        end = sc.LISTEN_CLOSED_BY_SERVER if exchange.written else sc.LISTEN_CLOSED_BY_CLIENT
+    elif exchange.disconnected and not exchange.failed:
+        end = sc.LISTEN_CLOSED_BY_CLIENT
+    else:  # an error in the handler, a cap, a shutdown: ended without its result
+        end = sc.LISTEN_LOST
+    notifications = exchange.params.get("notifications") if isinstance(
+        exchange.params, dict
+    ) else None
+    tallies.listen_ended(end, notifications, sc.TRANSPORT_STREAMABLE_HTTP)
+
+
+def _on_request(wrapped, instance, args, kwargs):
+    """``ServerRunner._on_request``: the handler's run, for the 2026-07-28
+    request being observed (nothing for any other)."""
+    exchange = _exchange.get()
+    if exchange is None:
+        return wrapped(*args, **kwargs)
+    return _run(exchange, instance, wrapped, args, kwargs)
+
+
+def _bind_request(dctx: Any, method: Any, params: Any, *_: Any, **__: Any) -> tuple:
+    return method, params
+
+
+async def _run(exchange: _Exchange, runner: Any, wrapped: Any, args: Any, kwargs: Any) -> Any:
+    import anyio
+
+    method, params = _bind_request(*args, **kwargs)
+    # The SDK may list the tools first (to check Mcp-Param headers): the
+    # request's own run is the last one.
+    exchange.method, exchange.params = method, params
+    exchange.ran = exchange.failed = exchange.cancelled = False
+    observer = active.observer
+    tallies = deliveries(observer) if observer is not None and observer.enabled else None
+    if tallies is not None and method == TOOLS_CALL:
+        guarded("watching for a second run", tallies.called, params)
+    try:
+        result = await wrapped(*args, **kwargs)
+    except anyio.get_cancelled_exc_class():
+        exchange.cancelled = True
+        raise
+    except Exception:
+        exchange.ran = exchange.failed = True
+        raise
+    exchange.ran = True
+    if tallies is not None and method == TOOLS_LIST:
+        guarded("reading tool hints", tallies.tools_listed, result)
+    return result
+
+
+# ---------------------------------------------------------------- before 2026-07-28
+
+
+class _Pending:
+    """The requests of one session's transport awaiting their answers, and
+    its stored answers awaiting a resume."""
+
+    def __init__(self, observer: Any, transport: Any) -> None:
+        self.tallies = deliveries(observer)
+        self.transport = transport
+        # request id -> (method, params, version, server)
+        self.calls: OrderedDict[str, tuple[str, Any, str | None, Any]] = OrderedDict()
+        self.stored: dict[str, Any] = {}  # request id -> server
+
+    def request(self, item: Any) -> None:
+        message = getattr(getattr(item, "message", None), "root", getattr(item, "message", None))
+        method = getattr(message, "method", None)
+        request_id = getattr(message, "id", None)
+        if method is None or request_id is None:
+            return
+        context = getattr(getattr(item, "metadata", None), "request_context", None)
+        scope = getattr(context, "scope", None)
+        params = getattr(message, "params", None)
+        version = header(scope, b"mcp-protocol-version") if isinstance(scope, dict) else None
+        server = _server(scope, sc.TRANSPORT_STREAMABLE_HTTP)
+        self.calls[str(request_id)] = (method, params, version, server)
+        if len(self.calls) > MAX_PENDING:
+            self.calls.popitem(last=False)
+        if method == TOOLS_CALL:
+            self.tallies.called(params)
+
+    def answer(self, item: Any) -> None:
+        message = getattr(getattr(item, "message", None), "root", getattr(item, "message", None))
+        if getattr(message, "method", None) is not None:
+            return
+        request_id = getattr(message, "id", None)
+        if request_id is None:
+            return
+        call = self.calls.pop(str(request_id), None)
+        if call is None:
+            return
+        method, params, version, server = call
+        error = getattr(message, "error", None)
+        if error is not None and getattr(error, "code", None) == REQUEST_CANCELLED:
+            self.tallies.fate(sc.DELIVERY_CANCELLED, server)
+            return
+        if method == TOOLS_LIST and error is None:
+            self.tallies.tools_listed(getattr(message, "result", None))
+        if str(request_id) in getattr(self.transport, "_request_streams", {}):
+            self.tallies.fate(sc.DELIVERED, server)
+            return
+        if getattr(self.transport, "_event_store", None):
+            self.tallies.fate(sc.STORED, server)
+            self.stored[str(request_id)] = server
+        else:
+            self.tallies.fate(sc.UNDELIVERED, server)
+        if method == TOOLS_CALL and error is None:
+            self.tallies.work_for_nobody(
+                params, version, "a disconnect is not a cancellation before 2026-07-28"
+            )
+
+    def replayed(self, event: Any) -> None:
+        """An event a resume of this session sent: an answer stored for it
+        is delivered now."""
+        if not self.stored:
+            return
+        message = getattr(event, "message", None)
+        message = getattr(message, "root", message)
+        request_id = getattr(message, "id", None)
+        if request_id is None or getattr(message, "method", None) is not None:
+            return
+        server = self.stored.pop(str(request_id), None)
+        if server is not None:
+            self.tallies.fate(sc.DELIVERY_REPLAYED, server)
+
+    def ended(self) -> None:
+        """The session ended: its stored answers that no resume replayed
+        reached nobody."""
+        for server in self.stored.values():
+            self.tallies.fate(sc.UNDELIVERED, server)
+        self.stored.clear()
+
+
+class _Watched(ObjectProxy):  # type: ignore[misc]
+    """A memory send stream of the transport, every item seen by ``see``."""
+
+    def __init__(self, stream: Any, see: Any) -> None:
+        super().__init__(stream)
+        self._self_see = see
+
+    async def send(self, item: Any) -> None:
+        guarded("observing a message", self._self_see, item)
+        await self.__wrapped__.send(item)
+
+    async def __aenter__(self) -> Any:
+        await self.__wrapped__.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self.__wrapped__.__aexit__(*exc)
+
+
+def _connect(wrapped, instance, args, kwargs):
+    """``StreamableHTTPServerTransport.connect``: the session's streams."""
+    observer = active.observer
+    if observer is None or not observer.enabled:
+        return wrapped(*args, **kwargs)
+    return _connected(observer, instance, wrapped(*args, **kwargs))
+
+
+@contextlib.asynccontextmanager
+async def _connected(observer: Any, transport: Any, inner: Any) -> Any:
+    async with inner as streams:
+        pending = guarded("observing a session's answers", _watch, observer, transport)
+        if pending is None:
+            yield streams
+            return
+        try:
+            yield streams[0], transport._write_stream
+        finally:
+            guarded("ending a session's answers", pending.ended)
+
+
+def _watch(observer: Any, transport: Any) -> _Pending:
+    pending = _Pending(observer, transport)
+    transport._read_stream_writer = _Watched(transport._read_stream_writer, pending.request)
+    transport._write_stream = _Watched(transport._write_stream, pending.answer)
+    transport._mcp_resumption_pending = pending
+    return pending
+
+
+def replayed(transport: Any, event: Any) -> None:
+    """An event the transport's resume sent (streamable.py's replay)."""
+    pending = getattr(transport, "_mcp_resumption_pending", None)
+    if pending is not None:
+        pending.replayed(event)
