@@ -13,6 +13,7 @@ connection reported gone) before it answers: an event, not a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -46,6 +47,7 @@ else:
     from mcp.server.mcpserver import Context, MCPServer
 
 from mcp.server.streamable_http import EventMessage, EventStore  # noqa: E402
+from mcp.types import ToolAnnotations  # noqa: E402
 
 
 class Store(EventStore):
@@ -97,6 +99,14 @@ class Handlers:
                         text.extend(_call_text(bytes(body)))
                 return received
 
+            async def watch():
+                received = await receive()
+                if received.get("type") == "http.disconnect":
+                    self.ended.add(SSE_STREAM)  # the server saw its stream go
+                return received
+
+            if scope.get("method") == "GET" and scope.get("path", "").endswith("/sse"):
+                peek = watch
             try:
                 await app(scope, peek if scope.get("type") == "http" else receive, send)
             finally:
@@ -115,7 +125,10 @@ def _call_text(body: bytes) -> list[str]:
     return []
 
 
-def build(handlers: Handlers, *, store=None, json_response: bool = False):
+SSE_STREAM = "the legacy SSE stream"  # in Handlers.ended: a GET /sse the server ended
+
+
+def build(handlers: Handlers, *, store=None, json_response: bool = False, sse: bool = False):
     if MCP_MAJOR == 1:
         server = FastMCP("delivery", event_store=store, retry_interval=100,
                          json_response=json_response)
@@ -124,6 +137,13 @@ def build(handlers: Handlers, *, store=None, json_response: bool = False):
 
     @server.tool()
     async def work(text: str, ctx: Context) -> str:
+        return await run(text, ctx)
+
+    @server.tool(annotations=ToolAnnotations(**{"readOnlyHint": True}))
+    async def lookup(text: str, ctx: Context) -> str:
+        return await run(text, ctx)
+
+    async def run(text: str, ctx: Context) -> str:
         handlers.log.append(("started", text))
         await ctx.report_progress(1, 2)
         try:
@@ -132,7 +152,8 @@ def build(handlers: Handlers, *, store=None, json_response: bool = False):
                 # Until the server is done with the cut stream: its POST's
                 # ASGI call ended (SSE), or the client's connection is gone
                 # (JSON: nothing else watches it).
-                while text not in handlers.ended and not (
+                # (a legacy SSE session: its one stream went; the POST was 202.)
+                while (SSE_STREAM if sse else text) not in handlers.ended and not (
                     json_response and await request.is_disconnected()
                 ):
                     await anyio.sleep(0.01)
@@ -143,7 +164,9 @@ def build(handlers: Handlers, *, store=None, json_response: bool = False):
         handlers.finished.set()
         return "done " + text
 
-    if MCP_MAJOR == 1:
+    if sse:
+        app = server.sse_app()
+    elif MCP_MAJOR == 1:
         app = server.streamable_http_app()
     else:
         app = server.streamable_http_app(
@@ -153,8 +176,9 @@ def build(handlers: Handlers, *, store=None, json_response: bool = False):
 
 
 class Stack:
-    def __init__(self, telemetry, *, store=None, json_response=False, cut=None) -> None:
+    def __init__(self, telemetry, *, store=None, json_response=False, cut=None, sse=False) -> None:
         self.telemetry = telemetry
+        self.sse = sse
         self.handlers = Handlers()
         self.store = store
         self.json_response = json_response
@@ -166,12 +190,17 @@ class Stack:
 
         self.instrumented = server_instrumented(self.telemetry)
         self.instrumented.__enter__()
-        app = build(self.handlers, store=self.store, json_response=self.json_response)
+        app = build(self.handlers, store=self.store, json_response=self.json_response, sse=self.sse)
         self.backend = await LoopbackServer(app, name="delivery").astart()
         backend = Backend("delivery", self.backend.port)
         handlers = self.handlers
 
         async def policy(request):
+            if self.sse and request.method == "GET" and self.cut is not None:
+                # The legacy session's one stream carries every answer.
+                handlers.hold.add(self.cut)
+                self.cut = None
+                return CutRoute(backend, cut_after=is_progress)
             params = (request.jsonrpc or {}).get("params") or {}
             if request.jsonrpc_method == "tools/call" and (params.get("arguments") or {}).get(
                 "text"
@@ -288,6 +317,32 @@ def test_a_cut_on_2026_07_28_cancels_the_handler_cancelled_not_lost(telemetry):
     assert wasted(telemetry) == {}
 
 
+async def json_call_cut_by_its_client(stack, client, tool: str) -> None:
+    """``tool`` called with ``x`` the way the SDK client calls it, sent
+    straight to the server by a client that closes its connection once the
+    handler started (the mcp 2.x client does not close a JSON request's
+    connection when its call is cancelled); the handler runs on."""
+    assert await client.session.call_tool(tool, {"text": "warm"})
+    [warm] = [e for e in stack.router.exchanges if b'"warm"' in e.request.body]
+    body = warm.request.body.replace(b'"warm"', b'"x"')
+    headers = {
+        k: v for k, v in warm.request.headers
+        if k.lower() not in ("host", "content-length", "connection")
+    }
+    stack.handlers.hold.add("x")
+    async with httpx.AsyncClient() as raw:
+        call = asyncio.ensure_future(raw.post(
+            f"http://127.0.0.1:{stack.backend.port}/mcp", content=body, headers=headers,
+            timeout=GATE,
+        ))
+        await asyncio.to_thread(_wait, lambda: stack.handlers.saw("started", "x"))
+        call.cancel()  # the client closes its connection
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await asyncio.to_thread(_wait, lambda: stack.handlers.saw("finished", "x"))
+    stack.handlers.hold.discard("x")
+
+
 @pytest.mark.mcp2
 def test_a_json_answer_on_2026_07_28_written_for_a_client_gone_is_work_for_nobody(
     telemetry, caplog
@@ -298,31 +353,9 @@ def test_a_json_answer_on_2026_07_28_written_for_a_client_gone_is_work_for_nobod
 
     async def scenario():
         async with Stack(telemetry, json_response=True) as stack:
-            stack.handlers.hold.add("x")
             async with AppClient(MODERN, stack.url) as client:
-                # The SDK client's call, as it crossed the wire, sent again
-                # straight to the server by a client that then closes its
-                # connection (the mcp 2.x client does not close a JSON
-                # request's connection when its call is cancelled).
-                assert await client.call("warm", progress=False) == "done warm"
-                [warm] = [e for e in stack.router.exchanges if "warm" in e.request.body.decode()]
-                body = warm.request.body.replace(b'"warm"', b'"x"')
-                headers = {
-                    k: v for k, v in warm.request.headers
-                    if k.lower() not in ("host", "content-length", "connection")
-                }
-                async with httpx.AsyncClient() as raw:
-                    call = asyncio.ensure_future(raw.post(
-                        f"http://127.0.0.1:{stack.backend.port}/mcp", content=body,
-                        headers=headers, timeout=GATE,
-                    ))
-                    await asyncio.to_thread(_wait, lambda: stack.handlers.saw("started", "x"))
-                    call.cancel()  # the client closes its connection
-                    with pytest.raises(asyncio.CancelledError):
-                        await call
-                await asyncio.to_thread(_wait, lambda: stack.handlers.saw("finished", "x"))
-                stack.handlers.hold.discard("x")
-                assert await client.call("x", progress=False) == "done x"
+                await json_call_cut_by_its_client(stack, client, "work")
+                assert await client.call("x", progress=False) == "done x"  # the re-issue
             return stack
 
     with caplog.at_level(logging.INFO, "opentelemetry.instrumentation.mcp_resumption.server"):
@@ -336,6 +369,25 @@ def test_a_json_answer_on_2026_07_28_written_for_a_client_gone_is_work_for_nobod
     [line] = [r for r in caplog.records if "ran to completion" in r.getMessage()]
     assert line.levelno == logging.WARNING
     assert "'work'" in line.getMessage() and "runs twice" in line.getMessage()
+
+
+@pytest.mark.mcp2
+def test_a_read_only_tool_run_for_nobody_is_counted_and_not_warned(telemetry, caplog):
+    async def scenario():
+        async with Stack(telemetry, json_response=True) as stack:
+            async with AppClient(MODERN, stack.url) as client:
+                tools = await client.session.list_tools()
+                [declared] = [t for t in tools.tools if t.name == "lookup"]
+                assert declared.annotations.model_dump(by_alias=True)["readOnlyHint"] is True
+                await json_call_cut_by_its_client(stack, client, "lookup")
+            return stack
+
+    with caplog.at_level(logging.INFO, "opentelemetry.instrumentation.mcp_resumption.server"):
+        stack = asyncio.run(scenario())
+    assert stack.handlers.saw("finished", "x")
+    assert wasted(telemetry) == {("lookup", "2026-07-28", "read_only"): 1}
+    [line] = [r for r in caplog.records if "ran to completion" in r.getMessage()]
+    assert line.levelno == logging.INFO and "readOnlyHint" in line.getMessage()
 
 
 LEGACY_CUT = [
@@ -408,3 +460,78 @@ def _wait(predicate) -> None:
             return
         event.wait(0.01)
     raise AssertionError("the handler's log never showed it")
+
+
+class SseClient:
+    """The installed major's legacy HTTP+SSE client (2024-11-05)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.removesuffix("/mcp") + "/sse"
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self):
+        from mcp import ClientSession
+        from mcp.client.sse import sse_client
+
+        read, write, *_ = await self._stack.enter_async_context(sse_client(self.url))
+        self.session = await self._stack.enter_async_context(ClientSession(read, write))
+        await self.session.initialize()
+        return self
+
+    async def __aexit__(self, *exc):
+        with contextlib.suppress(Exception):  # a cut session's teardown
+            await self._stack.aclose()
+
+    async def call(self, text: str) -> str:
+        async def on_progress(*_args) -> None:
+            return None
+
+        result = await self.session.call_tool(
+            "work", {"text": text}, progress_callback=on_progress
+        )
+        return result.content[0].text
+
+
+def test_a_clean_call_on_the_legacy_sse_transport_is_delivered(telemetry):
+    async def scenario():
+        async with Stack(telemetry, sse=True) as stack:
+            async with SseClient(stack.url) as client:
+                assert await client.call("clean") == "done clean"
+            return stack
+
+    stack = asyncio.run(scenario())
+    answered = stack.requests_answered_on_the_wire()
+    assert answered >= 2  # initialize, the call
+    assert fates(telemetry) == {"delivered": answered}
+    assert {p.attributes["mcp.transport"] for p in telemetry.points(DELIVERIES)} == {"sse"}
+    assert wasted(telemetry) == {}
+
+
+def test_a_cut_legacy_sse_session_cancels_its_handler_no_false_fate(telemetry):
+    async def scenario():
+        async with Stack(telemetry, sse=True, cut="x") as stack:
+            client = SseClient(stack.url)
+            await client.__aenter__()
+            call = asyncio.ensure_future(client.call("x"))
+            await asyncio.to_thread(
+                _wait, lambda: stack.handlers.saw("finished", "x")
+                or stack.handlers.saw("cancelled", "x")
+            )
+            call.cancel()
+            with contextlib.suppress(BaseException):
+                await call
+            await client.__aexit__(None, None, None)
+            return stack
+
+    stack = asyncio.run(scenario())
+    [cut] = [e for e in stack.router.exchanges if e.severed]
+    assert cut.request.method == "GET"
+    # Both SDKs end a legacy SSE session with its stream and cancel its
+    # handlers (the handler's own log): never work done for nobody.
+    assert stack.handlers.saw("cancelled", "x") and not stack.handlers.saw("finished", "x")
+    counted = fates(telemetry)
+    if MCP_MAJOR == 2:  # it answers "Connection closed", on the closed stream
+        assert counted.pop("cancelled") == 1
+    # mcp 1.x writes nothing for the cancelled handler: no answer, no fate
+    assert set(counted) == {"delivered"}
+    assert wasted(telemetry) == {}

@@ -46,6 +46,9 @@ LISTEN = "subscriptions/listen"
 TOOLS_CALL = "tools/call"
 TOOLS_LIST = "tools/list"
 REQUEST_CANCELLED = -32800  # the SDK's answer to a request cancelled before 2026-07-28
+# mcp 2.x's answer for a handler it cancelled because the connection closed
+# (a legacy SSE session cut): cancelled, not an answer computed.
+CONNECTION_CLOSED = -32000
 MAX_PENDING = 10_000  # requests in flight remembered per session
 
 
@@ -247,12 +250,15 @@ class _Pending:
     """The requests of one session's transport awaiting their answers, and
     its stored answers awaiting a resume."""
 
+    name = sc.TRANSPORT_STREAMABLE_HTTP
+
     def __init__(self, observer: Any, transport: Any) -> None:
         self.tallies = deliveries(observer)
         self.transport = transport
         # request id -> (method, params, version, server)
         self.calls: OrderedDict[str, tuple[str, Any, str | None, Any]] = OrderedDict()
         self.stored: dict[str, Any] = {}  # request id -> server
+        self.version: Any = None
 
     def request(self, item: Any) -> None:
         message = getattr(getattr(item, "message", None), "root", getattr(item, "message", None))
@@ -264,7 +270,12 @@ class _Pending:
         scope = getattr(context, "scope", None)
         params = getattr(message, "params", None)
         version = header(scope, b"mcp-protocol-version") if isinstance(scope, dict) else None
-        server = _server(scope, sc.TRANSPORT_STREAMABLE_HTTP)
+        if method == "initialize" and isinstance(params, dict):
+            # A legacy SSE client sends no version header: the session's is
+            # the one it asked for.
+            self.version = params.get("protocolVersion")
+        version = version or self.version
+        server = _server(scope, self.name)
         self.calls[str(request_id)] = (method, params, version, server)
         if len(self.calls) > MAX_PENDING:
             self.calls.popitem(last=False)
@@ -272,25 +283,45 @@ class _Pending:
             self.tallies.called(params)
 
     def answer(self, item: Any) -> None:
+        """An answer handed to the transport: where its request's stream is."""
+        found = self._call(item)
+        if found is None:
+            return
+        call, error, request_id = found
+        if str(request_id) in getattr(self.transport, "_request_streams", {}):
+            self.tallies.fate(sc.DELIVERED, call[3])
+        else:
+            self.lost(call, error, request_id)
+
+    def _call(self, item: Any) -> tuple[Any, Any, Any] | None:
+        """(the call, its error, its id) of an answer; None for anything
+        else, or a cancelled request (counted here)."""
         message = getattr(getattr(item, "message", None), "root", getattr(item, "message", None))
         if getattr(message, "method", None) is not None:
-            return
+            return None
         request_id = getattr(message, "id", None)
         if request_id is None:
-            return
+            return None
         call = self.calls.pop(str(request_id), None)
         if call is None:
-            return
-        method, params, version, server = call
+            return None
         error = getattr(message, "error", None)
-        if error is not None and getattr(error, "code", None) == REQUEST_CANCELLED:
-            self.tallies.fate(sc.DELIVERY_CANCELLED, server)
-            return
-        if method == TOOLS_LIST and error is None:
+        if error is not None and (
+            getattr(error, "code", None) == REQUEST_CANCELLED
+            or (
+                getattr(error, "code", None) == CONNECTION_CLOSED
+                and getattr(error, "message", None) == "Connection closed"
+            )
+        ):
+            self.tallies.fate(sc.DELIVERY_CANCELLED, call[3])
+            return None
+        if call[0] == TOOLS_LIST and error is None:
             self.tallies.tools_listed(getattr(message, "result", None))
-        if str(request_id) in getattr(self.transport, "_request_streams", {}):
-            self.tallies.fate(sc.DELIVERED, server)
-            return
+        return call, error, request_id
+
+    def lost(self, call: Any, error: Any, request_id: Any) -> None:
+        """An answer whose stream was gone: stored for a resume, or lost."""
+        method, params, version, server = call
         if getattr(self.transport, "_event_store", None):
             self.tallies.fate(sc.STORED, server)
             self.stored[str(request_id)] = server
@@ -376,3 +407,83 @@ def replayed(transport: Any, event: Any) -> None:
     pending = getattr(transport, "_mcp_resumption_pending", None)
     if pending is not None:
         pending.replayed(event)
+
+
+# ---------------------------------------------------------------- legacy HTTP+SSE
+
+
+class _SsePending(_Pending):
+    """A legacy SSE session: its answers go out on its one GET stream, and a
+    send after that stream closed fails."""
+
+    name = sc.TRANSPORT_SSE
+
+    def answer(self, item: Any) -> None:
+        return None  # decided by the send (sent)
+
+    def sent(self, item: Any, delivered: bool) -> None:
+        found = self._call(item)
+        if found is None:
+            return
+        call, error, request_id = found
+        if delivered:
+            self.tallies.fate(sc.DELIVERED, call[3])
+        else:
+            self.lost(call, error, request_id)
+
+
+class _SseSending(ObjectProxy):  # type: ignore[misc]
+    """A legacy SSE session's write stream: each answer's send, and whether
+    its stream took it."""
+
+    def __init__(self, stream: Any, pending: _SsePending) -> None:
+        super().__init__(stream)
+        self._self_pending = pending
+
+    async def send(self, item: Any) -> None:
+        import anyio
+
+        try:
+            await self.__wrapped__.send(item)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            guarded("observing an answer", self._self_pending.sent, item, False)
+            raise
+        guarded("observing an answer", self._self_pending.sent, item, True)
+
+    async def __aenter__(self) -> Any:
+        await self.__wrapped__.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self.__wrapped__.__aexit__(*exc)
+
+
+@contextlib.asynccontextmanager
+async def sse_session(observer: Any, transport: Any, inner: Any) -> Any:
+    """``SseServerTransport.connect_sse``'s session (legacy.py): its answers."""
+    async with inner as streams:
+        read_stream, write_stream = streams
+        pending = guarded(
+            "observing a legacy session's answers", _watch_sse, observer, transport, read_stream
+        )
+        if pending is None:
+            yield streams
+            return
+        yield read_stream, _SseSending(write_stream, pending)
+
+
+def _state(stream: Any) -> Any:
+    return getattr(getattr(stream, "_inner", stream), "_state", None)
+
+
+def _watch_sse(observer: Any, transport: Any, read_stream: Any) -> _SsePending | None:
+    """The session's inbound writer (the transport keeps it by session id)
+    is the one sharing the read stream's state."""
+    writers = getattr(transport, "_read_stream_writers", {})
+    state = _state(read_stream)
+    for session_id, writer in list(writers.items()):
+        if state is not None and _state(writer) is state:
+            pending = _SsePending(observer, None)
+            writers[session_id] = _Watched(writer, pending.request)
+            return pending
+    return None
