@@ -184,7 +184,7 @@ def _judge(observer: Any, exchange: _Exchange) -> None:
             "JSON answers are not watched: nothing cancelled it" if exchange.json
             else "the stream closed as it answered"
         )
-        tallies.work_for_nobody(exchange.params, exchange.version, reason)
+        tallies.work_for_nobody(exchange.params, exchange.version, reason, server)
 
 
 def _listen_ended(tallies: Deliveries, exchange: _Exchange) -> None:
@@ -228,7 +228,8 @@ async def _run(exchange: _Exchange, runner: Any, wrapped: Any, args: Any, kwargs
     observer = active.observer
     tallies = deliveries(observer) if observer is not None and observer.enabled else None
     if tallies is not None and method == TOOLS_CALL:
-        guarded("watching for a second run", tallies.called, params)
+        server = _server(exchange.scope, sc.TRANSPORT_STREAMABLE_HTTP)
+        guarded("watching for a second run", tallies.called, params, server)
     try:
         result = await wrapped(*args, **kwargs)
     except anyio.get_cancelled_exc_class():
@@ -280,7 +281,7 @@ class _Pending:
         if len(self.calls) > MAX_PENDING:
             self.calls.popitem(last=False)
         if method == TOOLS_CALL:
-            self.tallies.called(params)
+            self.tallies.called(params, server)
 
     def answer(self, item: Any) -> None:
         """An answer handed to the transport: where its request's stream is."""
@@ -329,7 +330,7 @@ class _Pending:
             self.tallies.fate(sc.UNDELIVERED, server)
         if method == TOOLS_CALL and error is None:
             self.tallies.work_for_nobody(
-                params, version, "a disconnect is not a cancellation before 2026-07-28"
+                params, version, "a disconnect is not a cancellation before 2026-07-28", server
             )
 
     def replayed(self, event: Any) -> None:

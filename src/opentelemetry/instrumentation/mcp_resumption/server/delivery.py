@@ -61,15 +61,16 @@ class Deliveries:
         self._lock = threading.Lock()
         self.window = confirm_timeout
         self._fates: dict[tuple[str, str, str, int | None], int] = {}
-        self._wasted: dict[tuple[str, str, str], int] = {}
-        self._second: dict[tuple[str, str], int] = {}
+        # (tool, version, hint, server) and (tool, version, server)
+        self._wasted: dict[tuple[str, str, str, Server], int] = {}
+        self._second: dict[tuple[str, str, Server], int] = {}
         self._listens: dict[tuple[str, str, str], int] = {}
         self._servers: set[Server] = set()
         # Tool name -> the hint of its annotations (from tools/list answers).
         self._hints: OrderedDict[str, str] = OrderedDict()
         self._names: set[str] = set()
         # (tool, arguments digest) of a run for nobody -> (deadline, version).
-        self._watched: OrderedDict[tuple[str, str], tuple[float, str]] = OrderedDict()
+        self._watched: OrderedDict[tuple[str, str, Server], tuple[float, str]] = OrderedDict()
         self._budget = LogBudget()
         name, unit, description = sc.SERVER_DELIVERIES
         meter.create_observable_counter(name, [self._observe_fates], unit, description)
@@ -125,7 +126,7 @@ class Deliveries:
                 if len(self._hints) > MAX_TOOLS:
                     self._hints.popitem(last=False)
 
-    def called(self, params: Any) -> None:
+    def called(self, params: Any, server: Server) -> None:
         """A tools/call arrived: a proven second run if the same tool with
         the same arguments ran for nobody within the window."""
         if not self._watched:  # the usual case: one truth test, no digest
@@ -135,13 +136,15 @@ class Deliveries:
             return
         now = time.monotonic()
         with self._lock:
-            watched = self._watched.pop((tool, digest), None)
+            watched = self._watched.pop((tool, digest, server), None)
             if watched is None or watched[0] < now:
                 return
-            key = (self._bounded(tool), watched[1])
+            key = (self._bounded(tool), watched[1], server)
             self._second[key] = self._second.get(key, 0) + 1
 
-    def work_for_nobody(self, params: Any, version: str | None, reason: str) -> None:
+    def work_for_nobody(
+        self, params: Any, version: str | None, reason: str, server: Server
+    ) -> None:
         """A tools/call ran to completion after its client's stream was gone."""
         tool, digest = _call_key(params)
         if tool is None:
@@ -150,9 +153,9 @@ class Deliveries:
         with self._lock:
             hint = self._hints.get(tool, sc.HINT_NONE)
             name = self._bounded(tool)
-            key = (name, version, hint)
+            key = (name, version, hint, server)
             self._wasted[key] = self._wasted.get(key, 0) + 1
-            self._watched[(tool, digest)] = (time.monotonic() + self.window, version)
+            self._watched[(tool, digest, server)] = (time.monotonic() + self.window, version)
             if len(self._watched) > MAX_WATCHED:
                 self._watched.popitem(last=False)
             speak = self._budget.take(("work_for_nobody", name))
@@ -189,27 +192,27 @@ class Deliveries:
         with self._lock:
             tallies = list(self._fates.items())
         for (fate, transport, address, port), value in tallies:
-            attributes: dict[str, Any] = {
-                sc.DELIVERY_FATE: fate, sc.MCP_TRANSPORT: transport, sc.SERVER_ADDRESS: address,
-            }
-            if port is not None:
-                attributes[sc.SERVER_PORT] = port
-            yield Observation(value, attributes)
+            yield Observation(
+                value, {sc.DELIVERY_FATE: fate, **_server_attributes((transport, address, port))}
+            )
 
     def _observe_wasted(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
             tallies = list(self._wasted.items())
-        for (tool, version, hint), value in tallies:
-            yield Observation(
-                value,
-                {sc.GEN_AI_TOOL_NAME: tool, sc.MCP_PROTOCOL_VERSION: version, sc.TOOL_HINT: hint},
-            )
+        for (tool, version, hint, server), value in tallies:
+            yield Observation(value, {
+                sc.GEN_AI_TOOL_NAME: tool, sc.MCP_PROTOCOL_VERSION: version, sc.TOOL_HINT: hint,
+                **_server_attributes(server),
+            })
 
     def _observe_second(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
             tallies = list(self._second.items())
-        for (tool, version), value in tallies:
-            yield Observation(value, {sc.GEN_AI_TOOL_NAME: tool, sc.MCP_PROTOCOL_VERSION: version})
+        for (tool, version, server), value in tallies:
+            yield Observation(value, {
+                sc.GEN_AI_TOOL_NAME: tool, sc.MCP_PROTOCOL_VERSION: version,
+                **_server_attributes(server),
+            })
 
     def _observe_listens(self, options: CallbackOptions) -> Iterable[Observation]:
         with self._lock:
@@ -218,6 +221,14 @@ class Deliveries:
             yield Observation(
                 value, {sc.LISTEN_END: end, sc.LISTEN_FILTER: wanted, sc.MCP_TRANSPORT: transport}
             )
+
+
+def _server_attributes(server: Server) -> dict[str, Any]:
+    transport, address, port = server
+    attributes: dict[str, Any] = {sc.MCP_TRANSPORT: transport, sc.SERVER_ADDRESS: address}
+    if port is not None:
+        attributes[sc.SERVER_PORT] = port
+    return attributes
 
 
 def _call_key(params: Any) -> tuple[str | None, str]:
