@@ -164,6 +164,7 @@ def build(handlers: Handlers, *, store=None, json_response: bool = False, sse: b
         handlers.finished.set()
         return "done " + text
 
+    handlers.server = server
     if sse:
         app = server.sse_app()
     elif MCP_MAJOR == 1:
@@ -225,8 +226,13 @@ class Stack:
 
     def requests_answered_on_the_wire(self) -> int:
         """Requests (POSTs with an id) whose answer crossed the wire, as a
-        JSON body or an SSE event on any stream."""
+        JSON body or an SSE event on any stream; a subscriptions/listen is
+        counted apart (by how it ended), never as an answer."""
         answered = set()
+        listens = {
+            str((e.request.jsonrpc or {}).get("id")) for e in self.router.exchanges
+            if e.request.jsonrpc_method == "subscriptions/listen"
+        }
         for exchange in self.router.exchanges:
             for event in exchange.events:
                 decoded = message(event)
@@ -238,7 +244,7 @@ class Stack:
                 exchange.response_header("content-type") or ""
             ).startswith("application/json"):
                 answered.add(str(request["id"]))
-        return len(answered)
+        return len(answered - listens)
 
 
 def fates(telemetry) -> dict[str, int]:

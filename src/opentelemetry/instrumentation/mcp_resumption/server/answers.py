@@ -187,6 +187,16 @@ def _judge(observer: Any, exchange: _Exchange) -> None:
         tallies.work_for_nobody(exchange.params, exchange.version, reason, server)
 
 
+def _begin(tallies: Deliveries, exchange: _Exchange, method: Any, params: Any) -> None:
+    server = _server(exchange.scope, sc.TRANSPORT_STREAMABLE_HTTP)
+    tallies.seen(server)
+    if method == TOOLS_CALL:
+        tallies.called(params, server, exchange.version)
+    elif method == LISTEN:
+        notifications = params.get("notifications") if isinstance(params, dict) else None
+        tallies.listen_started(notifications, sc.TRANSPORT_STREAMABLE_HTTP)
+
+
 def _listen_ended(tallies: Deliveries, exchange: _Exchange) -> None:
     if exchange.cancelled and exchange.disconnected:
         end = sc.LISTEN_CLOSED_BY_CLIENT
@@ -227,9 +237,8 @@ async def _run(exchange: _Exchange, runner: Any, wrapped: Any, args: Any, kwargs
     exchange.ran = exchange.failed = exchange.cancelled = False
     observer = active.observer
     tallies = deliveries(observer) if observer is not None and observer.enabled else None
-    if tallies is not None and method == TOOLS_CALL:
-        server = _server(exchange.scope, sc.TRANSPORT_STREAMABLE_HTTP)
-        guarded("watching for a second run", tallies.called, params, server)
+    if tallies is not None:
+        guarded("watching a request", _begin, tallies, exchange, method, params)
     try:
         result = await wrapped(*args, **kwargs)
     except anyio.get_cancelled_exc_class():
@@ -280,8 +289,9 @@ class _Pending:
         self.calls[str(request_id)] = (method, params, version, server)
         if len(self.calls) > MAX_PENDING:
             self.calls.popitem(last=False)
+        self.tallies.seen(server)
         if method == TOOLS_CALL:
-            self.tallies.called(params, server)
+            self.tallies.called(params, server, version)
 
     def answer(self, item: Any) -> None:
         """An answer handed to the transport: where its request's stream is."""

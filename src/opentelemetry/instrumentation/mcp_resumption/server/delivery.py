@@ -69,6 +69,7 @@ class Deliveries:
         # Tool name -> the hint of its annotations (from tools/list answers).
         self._hints: OrderedDict[str, str] = OrderedDict()
         self._names: set[str] = set()
+        self._started: set[tuple[str, Server]] = set()  # (tool, server) series at 0
         # (tool, arguments digest) of a run for nobody -> (deadline, version).
         self._watched: OrderedDict[tuple[str, str, Server], tuple[float, str]] = OrderedDict()
         self._budget = LogBudget()
@@ -83,17 +84,31 @@ class Deliveries:
 
     # ------------------------------------------------------------ the tallies
 
-    def fate(self, fate: str, server: Server) -> None:
+    def seen(self, server: Server) -> None:
+        """A request of ``server``: every fate of it starts at 0 before its
+        first answer (Prometheus' increase() cannot see a series born at 1)."""
+        if server in self._servers:  # the usual case: no lock
+            return
         transport, address, port = server
         with self._lock:
-            if server not in self._servers and len(self._servers) < MAX_SERVERS:
-                # Every fate of a server starts at 0 (increase() cannot see
-                # a series born at 1).
+            if len(self._servers) < MAX_SERVERS:
                 self._servers.add(server)
                 for each in sc.DELIVERY_FATES:
                     self._fates.setdefault((each, transport, address, port), 0)
+
+    def fate(self, fate: str, server: Server) -> None:
+        self.seen(server)
+        transport, address, port = server
+        with self._lock:
             key = (fate, transport, address, port)
             self._fates[key] = self._fates.get(key, 0) + 1
+
+    def listen_started(self, notifications: Any, transport: str) -> None:
+        """Every end of a listen's filter starts at 0 when one is opened."""
+        wanted = _listen_filter(notifications)
+        with self._lock:
+            for each in sc.LISTEN_ENDS:
+                self._listens.setdefault((each, wanted, transport), 0)
 
     def listen_ended(self, end: str, notifications: Any, transport: str) -> None:
         wanted = _listen_filter(notifications)
@@ -126,10 +141,14 @@ class Deliveries:
                 if len(self._hints) > MAX_TOOLS:
                     self._hints.popitem(last=False)
 
-    def called(self, params: Any, server: Server) -> None:
+    def called(self, params: Any, server: Server, version: str | None) -> None:
         """A tools/call arrived: a proven second run if the same tool with
-        the same arguments ran for nobody within the window."""
-        if not self._watched:  # the usual case: one truth test, no digest
+        the same arguments ran for nobody within the window.  The first call
+        of a tool starts its series at 0."""
+        name = params.get("name") if isinstance(params, Mapping) else None
+        if isinstance(name, str) and (name, server) not in self._started:
+            self._start(name, server, version or "unknown")
+        if not self._watched:  # the usual case: no digest
             return
         tool, digest = _call_key(params)
         if tool is None:
@@ -141,6 +160,16 @@ class Deliveries:
                 return
             key = (self._bounded(tool), watched[1], server)
             self._second[key] = self._second.get(key, 0) + 1
+
+    def _start(self, tool: str, server: Server, version: str) -> None:
+        with self._lock:
+            if len(self._started) >= MAX_TOOLS * 4:
+                return
+            self._started.add((tool, server))
+            name = self._bounded(tool)
+            hint = self._hints.get(tool, sc.HINT_NONE)
+            self._wasted.setdefault((name, version, hint, server), 0)
+            self._second.setdefault((name, version, server), 0)
 
     def work_for_nobody(
         self, params: Any, version: str | None, reason: str, server: Server
