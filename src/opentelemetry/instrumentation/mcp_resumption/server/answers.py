@@ -263,6 +263,7 @@ class _Pending:
     name = sc.TRANSPORT_STREAMABLE_HTTP
 
     def __init__(self, observer: Any, transport: Any) -> None:
+        self.observer = observer
         self.tallies = deliveries(observer)
         self.transport = transport
         # request id -> (method, params, version, server)
@@ -271,6 +272,8 @@ class _Pending:
         self.version: Any = None
 
     def request(self, item: Any) -> None:
+        if not getattr(self.observer, "enabled", True):  # uninstrumented since
+            return
         message = getattr(getattr(item, "message", None), "root", getattr(item, "message", None))
         method = getattr(message, "method", None)
         request_id = getattr(message, "id", None)
