@@ -256,6 +256,21 @@ async def _run(exchange: _Exchange, runner: Any, wrapped: Any, args: Any, kwargs
 # ---------------------------------------------------------------- before 2026-07-28
 
 
+def _fields(message: Any) -> dict[str, Any]:
+    """A JSON-RPC message's fields (the SDKs' pydantic models keep them in
+    ``__dict__``; mcp 1.x wraps each in a root model), read without asking
+    the model for a field it lacks: pydantic's miss raises, which costs more
+    than a metric record."""
+    fields = getattr(message, "__dict__", None)
+    if not isinstance(fields, dict):
+        return {}
+    root = fields.get("root")
+    if root is not None:
+        fields = getattr(root, "__dict__", None)
+        return fields if isinstance(fields, dict) else {}
+    return fields
+
+
 class _Pending:
     """The requests of one session's transport awaiting their answers, and
     its stored answers awaiting a resume."""
@@ -274,27 +289,29 @@ class _Pending:
     def request(self, item: Any) -> None:
         if not getattr(self.observer, "enabled", True):  # uninstrumented since
             return
-        message = getattr(getattr(item, "message", None), "root", getattr(item, "message", None))
-        method = getattr(message, "method", None)
-        request_id = getattr(message, "id", None)
+        message = _fields(getattr(item, "message", None))
+        method = message.get("method")
+        request_id = message.get("id")
         if method is None or request_id is None:
             return
         context = getattr(getattr(item, "metadata", None), "request_context", None)
         scope = getattr(context, "scope", None)
-        params = getattr(message, "params", None)
-        version = header(scope, b"mcp-protocol-version") if isinstance(scope, dict) else None
+        params = message.get("params")
         if method == "initialize" and isinstance(params, dict):
             # A legacy SSE client sends no version header: the session's is
             # the one it asked for.
             self.version = params.get("protocolVersion")
-        version = version or self.version
         server = _server(scope, self.name)
+        version = None
+        if method == TOOLS_CALL:  # only a tool's run for nobody names its version
+            if isinstance(scope, dict):
+                version = header(scope, b"mcp-protocol-version")
+            version = version or self.version
+            self.tallies.called(params, server, version)
         self.calls[str(request_id)] = (method, params, version, server)
         if len(self.calls) > MAX_PENDING:
             self.calls.popitem(last=False)
         self.tallies.seen(server)
-        if method == TOOLS_CALL:
-            self.tallies.called(params, server, version)
 
     def answer(self, item: Any) -> None:
         """An answer handed to the transport: where its request's stream is."""
@@ -310,16 +327,16 @@ class _Pending:
     def _call(self, item: Any) -> tuple[Any, Any, Any] | None:
         """(the call, its error, its id) of an answer; None for anything
         else, or a cancelled request (counted here)."""
-        message = getattr(getattr(item, "message", None), "root", getattr(item, "message", None))
-        if getattr(message, "method", None) is not None:
+        message = _fields(getattr(item, "message", None))
+        if message.get("method") is not None:
             return None
-        request_id = getattr(message, "id", None)
+        request_id = message.get("id")
         if request_id is None:
             return None
         call = self.calls.pop(str(request_id), None)
         if call is None:
             return None
-        error = getattr(message, "error", None)
+        error = message.get("error")
         if error is not None and (
             getattr(error, "code", None) == REQUEST_CANCELLED
             or (
@@ -330,7 +347,7 @@ class _Pending:
             self.tallies.fate(sc.DELIVERY_CANCELLED, call[3])
             return None
         if call[0] == TOOLS_LIST and error is None:
-            self.tallies.tools_listed(getattr(message, "result", None))
+            self.tallies.tools_listed(message.get("result"))
         return call, error, request_id
 
     def lost(self, call: Any, error: Any, request_id: Any) -> None:
@@ -351,10 +368,9 @@ class _Pending:
         is delivered now."""
         if not self.stored:
             return
-        message = getattr(event, "message", None)
-        message = getattr(message, "root", message)
-        request_id = getattr(message, "id", None)
-        if request_id is None or getattr(message, "method", None) is not None:
+        message = _fields(getattr(event, "message", None))
+        request_id = message.get("id")
+        if request_id is None or message.get("method") is not None:
             return
         server = self.stored.pop(str(request_id), None)
         if server is not None:
