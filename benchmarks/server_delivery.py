@@ -50,11 +50,12 @@ def worker(config: str, n: int) -> None:
     class Observer:  # what _Pending reads of the server half's observer
         _deliveries = tallies
 
-    class Transport:
-        _request_streams = {"7": None}
+    class Transport:  # the request's stream is open: the answer is delivered
         _event_store = None
 
-    pending = _Pending(Observer(), Transport())
+    transport = Transport()
+    transport._request_streams = {"7": None}
+    pending = _Pending(Observer(), transport)
     request, answer = _messages()
 
     def once() -> None:
