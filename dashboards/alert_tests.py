@@ -418,7 +418,54 @@ def server_cases() -> list[dict[str, Any]]:
                  [requests(kind, "4x40", server=OLD)],
                  [check(alert, t) for t in ("5m", "40m")]),
         ]
+    tests += delivery_cases(srv_instance)
     return tests
+
+
+def delivery_cases(srv_instance: str) -> list[dict[str, Any]]:
+    def server_series(metric: str, values: str, server: dict = SERVER, **labels: str) -> dict[str, str]:
+        merged = {"job": "mcp-server", "instance": srv_instance, **server,
+                  "mcp_transport": "streamable-http", **labels}
+        inner = ", ".join(f'{k}="{v}"' for k, v in merged.items())
+        return {"series": f"{metric}{{{inner}}}", "values": values}
+
+    def fates(fate: str, values: str, server: dict = SERVER) -> dict[str, str]:
+        return server_series("mcp_server_resumption_deliveries_total", values, server,
+                             mcp_resumption_delivery_fate=fate)
+
+    def wasted(values: str, hint: str = "none", server: dict = SERVER) -> dict[str, str]:
+        return server_series("mcp_server_resumption_work_for_nobody_total", values, server,
+                             gen_ai_tool_name="book_flight", mcp_protocol_version="2025-11-25",
+                             mcp_resumption_tool_hint=hint)
+
+    labels = {"job": "mcp-server", **SERVER}
+    undelivered, nobody = "McpServerAnswerUndelivered", "McpServerWorkForNobody"
+    tool = {**labels, "gen_ai_tool_name": "book_flight"}
+    quiet_at = ("5m", "40m")
+    return [
+        case(f"{undelivered} pages on one answer that reached nobody, and resolves",
+             [fates("undelivered", "0x10 1x30"), fates("delivered", "0+5x40")],
+             [check(undelivered, "9m"), check(undelivered, "13m", expected(undelivered, **labels)),
+              check(undelivered, "30m")]),
+        case(f"{undelivered} quiet: delivered, stored, replayed and cancelled answers only",
+             [fates("undelivered", "0x40"), fates("delivered", "0+5x40"), fates("stored", "0+1x40"),
+              fates("replayed", "0+1x40"), fates("cancelled", "0+1x40")],
+             [check(undelivered, t) for t in quiet_at]),
+        case(f"{undelivered} quiet after a scrape outage: the answer before it is not news",
+             [fates("undelivered", "0x5 1x10 _x15 1x20")],
+             [check(undelivered, "8m", expected(undelivered, **labels)), check(undelivered, "35m"),
+              check(undelivered, "45m")]),
+        case(f"{undelivered} quiet on a fresh Prometheus with old counters",
+             [fates("undelivered", "4x40", server=OLD)], [check(undelivered, t) for t in quiet_at]),
+        case(f"{nobody} warns on one call run for nobody, naming the tool, and resolves",
+             [wasted("0x10 1x30")],
+             [check(nobody, "9m"), check(nobody, "13m", expected(nobody, **tool)), check(nobody, "30m")]),
+        case(f"{nobody} quiet: the tools that ran for nobody declared a second run harmless",
+             [wasted("0x40"), wasted("0+1x40", hint="idempotent"), wasted("0+1x40", hint="read_only")],
+             [check(nobody, t) for t in quiet_at]),
+        case(f"{nobody} quiet on a fresh Prometheus with old counters",
+             [wasted("4x40", server=OLD)], [check(nobody, t) for t in quiet_at]),
+    ]
 
 
 HEADER = """\

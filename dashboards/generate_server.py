@@ -47,6 +47,114 @@ LOSSY_ANSWERED = f'mcp_resumption_outcome=~"{LOSSY_KINDS}"'
 LOSSY_REFUSED = f'mcp_resumption_outcome="rejected_by_guard", mcp_resumption_gap_kind=~"{LOSSY_KINDS}"'
 
 
+DELIVERIES = "mcp_server_resumption_deliveries_total"
+WASTED = "mcp_server_resumption_work_for_nobody_total"
+SECOND_RUNS = "mcp_server_resumption_second_runs_total"
+LISTENS = "mcp_server_resumption_listens_total"
+OPERATION = "mcp_server_operation_duration_seconds"
+# The listens carry no server (the transport and the filter only).
+HOST = 'job=~"$job", instance=~"$instance"'
+UNDELIVERED = 'mcp_resumption_delivery_fate="undelivered"'
+REACHED = 'mcp_resumption_delivery_fate=~"delivered|replayed"'
+OWED = 'mcp_resumption_delivery_fate=~"delivered|replayed|undelivered"'
+LISTEN_LOST = 'mcp_resumption_listen_end="lost"'
+FAILED = 'error_type!=""'
+
+
+def of(metric: str, extra: str = "", selector: str = SEL) -> str:
+    return f"{metric}{{{selector}{', ' + extra if extra else ''}}}"
+
+
+def delivery_row(lay: Layout) -> None:
+    """What became of each answer (2026-07-28 has no resumes: only the
+    server knows), the calls run for nobody, the listens, the operations."""
+    lay.row("Delivery: what the clients lost, seen from the server")
+    lay.add(stat(
+        "Undelivered answers in range",
+        "Answers the servers computed that reached nobody: written after the client's stream "
+        "was gone with no event store, or stored and never replayed before the session ended. "
+        "Each is a call its client lost (and may re-issue). McpServerAnswerUndelivered pages on it.",
+        f"sum(increase({of(DELIVERIES, UNDELIVERED)}[$__range]))",
+        "short", [{"color": "green", "value": None}, {"color": "red", "value": 1}], decimals=0,
+    ), 6, 4)
+    lay.add(stat(
+        "Answers delivered",
+        "Share of the answers computed in range that were written to an open stream (or as the "
+        "JSON body), or replayed by a resume. Cancelled calls (the client closed the stream on "
+        "2026-07-28) are not answers owed.",
+        f"sum(increase({of(DELIVERIES, REACHED)}[$__range]))"
+        f" / sum(increase({of(DELIVERIES, OWED)}[$__range]))",
+        "percentunit", [{"color": "red", "value": None}, {"color": "orange", "value": 0.99},
+                        {"color": "green", "value": 0.999}], min=0, max=1, decimals=2,
+    ), 6, 4)
+    lay.add(stat(
+        "Tool calls run for nobody in range",
+        "tools/call handlers that ran to completion after their client's stream was gone "
+        "(before 2026-07-28 a disconnect is not a cancellation; mcp 2.x's JSON answers are not "
+        "watched on 2026-07-28 either). A re-issue runs the work again.",
+        f"sum(increase({of(WASTED)}[$__range]))",
+        "short", [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
+    ), 6, 4)
+    lay.add(stat(
+        "Proven second runs in range",
+        "Calls run for nobody that the same tool then ran again with the same arguments within "
+        "the confirmation window: the work ran twice on the server.",
+        f"sum(increase({of(SECOND_RUNS)}[$__range]))",
+        "short", [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
+    ), 6, 4)
+    lay.add(timeseries(
+        "Answers by delivery fate",
+        "Answers per second by fate: delivered (open stream or JSON body), stored (written to "
+        "the event store after the stream was gone), replayed (a resume delivered a stored one), "
+        "undelivered (reached nobody), cancelled (the client closed the stream before the "
+        "handler answered). A stored answer is counted again when it is replayed or lost.",
+        [target(f"sum by (mcp_resumption_delivery_fate) (rate({of(DELIVERIES)}[$__rate_interval]))",
+                "{{mcp_resumption_delivery_fate}}")], "reqps",
+    ), 12, 8)
+    lay.add(table(
+        "Work done for nobody by tool",
+        "tools/call handlers that ran to completion for nobody in the time range, by tool, "
+        "protocol version and the hint the tool declared (none: a re-issue may do its work "
+        "twice; idempotent / read_only: harmless). McpServerWorkForNobody warns on none.",
+        f"sum by (gen_ai_tool_name, mcp_protocol_version, mcp_resumption_tool_hint) "
+        f"(increase({of(WASTED)}[$__range])) > 0",
+        ["gen_ai_tool_name", "mcp_protocol_version", "mcp_resumption_tool_hint"], "calls", decimals=0,
+    ), 12, 8)
+    lay.add(table(
+        "Lost subscriptions by filter",
+        "subscriptions/listen streams (2026-07-28) the server ended without its result (a "
+        "shutdown, an error in the handler, the subscription cap), by the notifications they "
+        "asked for. A client's own close, or a cut below the server (it cannot tell them apart), "
+        "is closed_by_client and never counted here.",
+        f"sum by (mcp_resumption_listen_filter) "
+        f"(increase({of(LISTENS, LISTEN_LOST, HOST)}[$__range])) > 0",
+        ["mcp_resumption_listen_filter"], "listens", decimals=0,
+    ), 12, 8)
+    lay.add(timeseries(
+        "Listens ended per second, by how",
+        "closed_by_server: the server's result (graceful); closed_by_client: the client left or "
+        "its stream was cut; lost: the server ended it without its result.",
+        [target(f"sum by (mcp_resumption_listen_end) (rate({of(LISTENS, '', HOST)}[$__rate_interval]))",
+                "{{mcp_resumption_listen_end}}")], "short",
+    ), 12, 8)
+    lay.add(timeseries(
+        "Operation latency by method (p95)",
+        "mcp.server.operation.duration (the MCP semantic conventions): the 95th percentile of "
+        "the server's handling time per method.",
+        [target(f"histogram_quantile(0.95, sum by (le, mcp_method_name) "
+                f"(rate({of(OPERATION + '_bucket', '', HOST)}[$__rate_interval])))",
+                "{{mcp_method_name}}")], "s",
+    ), 12, 8)
+    lay.add(timeseries(
+        "Operation errors by method",
+        "Operations per second that ended in an error, by method and error.type (tool_error: "
+        "the tool's own error).",
+        [target(f"sum by (mcp_method_name, error_type) "
+                f"(rate({of(OPERATION + '_count', FAILED, HOST)}[$__rate_interval]))",
+                "{{mcp_method_name}} {{error_type}}")], "reqps",
+    ), 12, 8)
+
+
 def build_server() -> dict[str, Any]:
     lay = Layout()
     lay.row("Overview")
@@ -119,6 +227,7 @@ def build_server() -> dict[str, Any]:
         "histogram series is born with its first request). Large values mean long outages.",
         [target(mean, "mean {{mcp_resumption_outcome}}")], "short",
     ), 12, 8)
+    delivery_row(lay)
     for panel in lay.panels:
         panel.pop("_keep", None)
 

@@ -108,6 +108,8 @@ def test_scenarios_carry_design_names() -> None:
         "ts_store_lost_cursor",
         "faithful_resume_provable",
         "store_reset_guarded",
+        # seen from the server alone: 2026-07-28, mcp 2.x only
+        *(["work_for_nobody_server", "answer_undelivered_server"] if MCP_MAJOR >= 2 else []),
         "stateless_cut_reissued",
         "stateless_cut_lost",
         "reissue_may_run_twice",
@@ -305,6 +307,17 @@ def test_store_reset_guarded(run: _Run) -> None:
     assert resume.last_event_id_sent == wire.received_before[-1].id
     assert resume.events == [] and not wire.in_flight
     assert wire.reinitialized and wire.session_id_after not in (None, wire.session_id_before)
+
+
+@pytest.mark.mcp2
+@pytest.mark.parametrize("name", ["work_for_nobody_server", "answer_undelivered_server"])
+def test_a_server_alone_sees_what_its_client_lost(run: _Run, name: str) -> None:
+    wire = run.wires[name]
+    # The truth (the client had no byte of an answer when it left; the
+    # handler's own log says it ran to completion after that) ...
+    assert wire.server_verdicts_on_the_wire, "the client left before its answer"
+    # ... is what the server half counted.
+    assert wire.server_verdicts == wire.server_verdicts_on_the_wire
 
 
 def test_legacy_server_speaks_mcp_to_the_sdk_client() -> None:

@@ -186,6 +186,28 @@ def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
     processor = getattr(_instrumentor, "processor", None)
     if processor is not None:
         processor.stop_waiting("the test ended")
+    if _server_reader is not None:
+        _server_fates_of(nodeid)
+
+
+# The server half's delivery fates other than delivered, per test (what a
+# test's server answered that did not reach an open stream).
+_fates_by_test: dict[str, dict[str, int]] = {}
+_fates_seen: dict[str, int] = {}
+
+
+def _server_fates_of(nodeid: str) -> None:
+    now = _totals(
+        _server_reader, "mcp.server.resumption.deliveries", "mcp.resumption.delivery.fate"
+    )
+    with _lock:
+        added = {
+            fate: total - _fates_seen.get(fate, 0) for fate, total in now.items()
+            if fate != "delivered" and total > _fates_seen.get(fate, 0)
+        }
+        _fates_seen.update(now)
+        if added:
+            _fates_by_test[nodeid] = added
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -250,7 +272,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             "gaps": list(_gaps),
             "attempts": list(_attempts),
             "counted": _counted() if processor is not None else {},
-            "server": {"outcomes": _server_outcomes(), "gaps": list(_server_gaps)},
+            "server": {
+                "outcomes": _server_outcomes(),
+                "gaps": list(_server_gaps),
+                "fates": _totals(
+                    _server_reader, "mcp.server.resumption.deliveries",
+                    "mcp.resumption.delivery.fate",
+                ) if _server_reader is not None else {},
+                "fates_by_test": dict(_fates_by_test),
+            },
         }
     with open(OUT, "w", encoding="utf-8") as out:
         json.dump(data, out, indent=1, sort_keys=True)

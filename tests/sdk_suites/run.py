@@ -32,7 +32,7 @@ ROOT = HERE.parent.parent
 CACHE = ROOT / ".sdk-suites"
 sys.path.insert(0, str(HERE))
 
-from allowlist import ALLOWED, KNOWN_FALSE  # noqa: E402
+from allowlist import ALLOWED, KNOWN_FALSE, UNDELIVERED  # noqa: E402
 
 MODES = ("off", "observe", "enforce")
 
@@ -118,7 +118,8 @@ def run_mode(python: Path, major: str, where: Path, mode: str) -> tuple[dict, fl
     out.unlink(missing_ok=True)
     env = {
         **os.environ,
-        "PYTHONPATH": str(HERE),
+        # The checkout's own package first, whatever the environment installed.
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "src")]),
         "MCP_RESUMPTION_SUITE_MODE": mode,
         "MCP_RESUMPTION_SUITE_OUT": str(out),
     }
@@ -175,6 +176,17 @@ def check(major: str, version: str, runs: dict[str, dict]) -> list[str]:
             problems.append(
                 f"mcp {version} {mode}: gaps counted {counted} but reported as events {logged}"
             )
+        # The server half's delivery fates: an answer counted undelivered
+        # only where the test truly left it unread.
+        lost = {
+            test for test, fates in runs[mode].get("server", {}).get("fates_by_test", {}).items()
+            if fates.get("undelivered")
+        }
+        reviewed = set(UNDELIVERED.get(major, {}))
+        for test in sorted(lost - reviewed):
+            problems.append(f"mcp {version} {mode}: false fate undelivered in {test}")
+        for test in sorted(reviewed - lost):
+            problems.append(f"mcp {version} {mode}: undelivered no longer seen in {test}")
         for attempt in runs[mode]["attempts"]:
             gaps = attempt["gaps"]
             if gaps and attempt["outcome"] in ("resumed", "caught_up"):

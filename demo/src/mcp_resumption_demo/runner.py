@@ -457,12 +457,19 @@ def run(
                     and all(counted[key] == n for key, n in (wire.counts or {}).items())
                     # and, through the proxy, what it counted on each leg is
                     # what the two routers' logs say
-                    and wire.legs == wire.legs_on_the_wire,
+                    and wire.legs == wire.legs_on_the_wire
+                    # and, seen from the server alone, what the server half
+                    # counted is what the wire and the handler's log say
+                    and wire.server_verdicts == wire.server_verdicts_on_the_wire
+                    and (wire.server_verdicts_on_the_wire is None
+                         or bool(wire.server_verdicts_on_the_wire)),
                     "fates": counted["fates"],
                     "fates_on_the_wire": wire.fates,
                     "counts_on_the_wire": wire.counts,
                     "legs": wire.legs,
                     "legs_on_the_wire": wire.legs_on_the_wire,
+                    "server_verdicts": wire.server_verdicts,
+                    "server_verdicts_on_the_wire": wire.server_verdicts_on_the_wire,
                     "resumes": len(wire.resumes),
                     # what the plugin counted in this scenario, and against
                     # which server (the router the client connected to)

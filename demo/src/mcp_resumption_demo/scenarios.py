@@ -170,6 +170,11 @@ class ScenarioWire:
     upstream_exchanges: list[Exchange] = field(default_factory=list)
     legs: dict[str, int] | None = None
     legs_on_the_wire: dict[str, int] | None = None
+    # The rows seen from the server alone: what the server half counted
+    # (fates other than delivered, calls run for nobody) and what the wire
+    # and the handler's own log say it must count.
+    server_verdicts: dict[str, int] | None = None
+    server_verdicts_on_the_wire: dict[str, int] | None = None
 
     @property
     def cursor(self) -> str | None:

@@ -282,3 +282,50 @@ SERVER_METHODS = CLIENT_METHODS | frozenset(
         "notifications/elicitation/complete",
     }
 )  # fmt: skip
+# What became of each answer a server computed (the value of DELIVERY_FATE on
+# SERVER_DELIVERIES): written to an open stream or as the JSON body; written
+# to the event store after its stream was gone; delivered later by a resume;
+# reaching nobody (no open stream and no store, or stored and never replayed
+# before its session ended); the handler cancelled by the client's close
+# (2026-07-28) before it answered.
+DELIVERY_FATE = "mcp.resumption.delivery.fate"
+DELIVERED = "delivered"
+STORED = "stored"
+DELIVERY_REPLAYED = "replayed"
+UNDELIVERED = "undelivered"
+DELIVERY_CANCELLED = "cancelled"
+DELIVERY_FATES = (DELIVERED, STORED, DELIVERY_REPLAYED, UNDELIVERED, DELIVERY_CANCELLED)
+SERVER_DELIVERIES = (
+    "mcp.server.resumption.deliveries",
+    "{request}",
+    "Answers an MCP server computed, by what became of them",
+)
+# A tools/call whose handler ran to completion after its client's stream was
+# gone; TOOL_HINT says whether the tool declared a second run harmless.
+TOOL_HINT = "mcp.resumption.tool.hint"
+HINT_NONE = "none"
+HINT_IDEMPOTENT = "idempotent"
+HINT_READ_ONLY = "read_only"
+SERVER_WORK_FOR_NOBODY = (
+    "mcp.server.resumption.work_for_nobody",
+    "{call}",
+    "Tool calls an MCP server ran to completion after their client's stream was gone",
+)
+SERVER_SECOND_RUNS = (
+    "mcp.server.resumption.second_runs",
+    "{call}",
+    "Tool calls an MCP server ran again, with the same arguments, within the "
+    "confirmation window after a run whose answer reached nobody",
+)
+# How a subscriptions/listen stream ended, seen from the server.
+LISTEN_END = "mcp.resumption.listen.end"
+LISTEN_FILTER = "mcp.resumption.listen.filter"
+LISTEN_CLOSED_BY_CLIENT = "closed_by_client"
+LISTEN_CLOSED_BY_SERVER = "closed_by_server"
+LISTEN_LOST = "lost"
+LISTEN_ENDS = (LISTEN_CLOSED_BY_CLIENT, LISTEN_CLOSED_BY_SERVER, LISTEN_LOST)
+SERVER_LISTENS = (
+    "mcp.server.resumption.listens",
+    "{stream}",
+    "subscriptions/listen streams an MCP server served, by how they ended",
+)

@@ -86,6 +86,16 @@ SITES = (
     # The last counts before the server stops (a SIGTERM under uvicorn ends
     # the process before the SDK's exit export): the ASGI lifespan's shutdown.
     ("starlette.routing", "Router.lifespan", "shutdown", "_lifespan"),
+    # Where each answer went (answers.py): a 2026-07-28 request and its
+    # handler's run; a session's answers before 2026-07-28.
+    (
+        "mcp.server.streamable_http_manager",
+        "StreamableHTTPSessionManager._handle_request",
+        "answers",
+        "_manager_request",
+    ),
+    ("mcp.server.runner", "ServerRunner._on_request", "answers", "_on_request"),
+    ("mcp.server.streamable_http", "StreamableHTTPServerTransport.connect", "answers", "_connect"),
 )
 
 

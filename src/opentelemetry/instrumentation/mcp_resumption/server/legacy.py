@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import semconv as sc
 from ..patches import guarded
-from . import active
+from . import active, answers
 from .observer import from_scope, header
 from .streamable import GUARD_ERROR_CODE, GUARD_MESSAGES, GUARD_STATUS
 
@@ -27,7 +27,7 @@ def _connect(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     resume = guarded("reading a legacy resume", _resume, *args, **kwargs)
     if resume is None:
-        return wrapped(*args, **kwargs)
+        return answers.sse_session(observer, instance, wrapped(*args, **kwargs))
     if observer.rejecting:
         return _Refused(observer, resume, *args, **kwargs)
     guarded("counting a resume", observer.record, resume, sc.SERVER_NO_STORE)

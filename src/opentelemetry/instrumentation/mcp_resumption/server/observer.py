@@ -89,6 +89,7 @@ class ServerObserver:
         meter = metrics.get_meter(
             sc.INSTRUMENTATION_NAME, __version__, meter_provider, schema_url=sc.SCHEMA_URL
         )
+        self.meter = meter  # the deliveries' counters are made on it (delivery.py)
         self._requests = meter.create_counter(*sc.SERVER_REQUESTS)
         self._replayed = meter.create_histogram(*sc.SERVER_REPLAYED_EVENTS)
         self._logger = get_logger(

@@ -40,7 +40,7 @@ from wrapt import ObjectProxy
 
 from .. import semconv as sc
 from ..patches import fault, guarded
-from . import active
+from . import active, answers
 from .observer import ResumeRequest, from_scope, header
 
 # The guard's answer (docs/server.md, "The server guard"): 410 Gone, the JSON-RPC
@@ -60,9 +60,10 @@ GUARD_MESSAGES = {
 class ObservedStore(ObjectProxy):  # type: ignore[misc]
     """The transport's event store, seen by the observer."""
 
-    def __init__(self, store: Any, session_id: str | None) -> None:
+    def __init__(self, store: Any, session_id: str | None, transport: Any = None) -> None:
         super().__init__(store)
         self._self_session_id = session_id
+        self._self_transport = transport
 
     async def store_event(self, stream_id: Any, message: Any) -> Any:
         event_id = await self.__wrapped__.store_event(stream_id, message)
@@ -85,10 +86,14 @@ class ObservedStore(ObjectProxy):  # type: ignore[misc]
         ) or (False, None)
         replayed = 0
 
+        transport = self._self_transport
+
         async def counting(event: Any) -> None:
             nonlocal replayed
             await send_callback(event)
             replayed += 1
+            if transport is not None:  # an answer stored for this session: delivered now
+                guarded("counting a replayed answer", answers.replayed, transport, event)
 
         if request.prefetched is not None:  # the guard read the store already
             stream_id, events = request.prefetched
@@ -126,7 +131,7 @@ def _observe_store(transport: Any) -> Any:
     store = getattr(transport, "_event_store", None)
     if store is None or isinstance(store, ObservedStore):
         return store
-    observed = ObservedStore(store, getattr(transport, "mcp_session_id", None))
+    observed = ObservedStore(store, getattr(transport, "mcp_session_id", None), transport)
     transport._event_store = observed
     return observed
 
