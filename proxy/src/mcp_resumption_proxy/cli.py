@@ -303,7 +303,10 @@ class _Server:
                           file=sys.stderr, flush=True)
 
             def not_ready(self) -> str | None:
-                if drain.draining or self.should_exit:
+                # Not should_exit: the signal sets it up to a tick before
+                # shutdown() closes the listener, and a probe must never see
+                # "not ready" while a new connection is still accepted.
+                if drain.draining:
                     return "shutting down"
                 if probe.reachable is None:
                     return "the upstream not probed yet"
