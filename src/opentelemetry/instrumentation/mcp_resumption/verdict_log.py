@@ -135,8 +135,22 @@ class VerdictLog:
         self._servers: dict[str, _Server] = {}
         self._budget = LogBudget(MAX_SERVERS * 4)
         self._mode: str | None = None
+        # A process with two legs (mcp-resumption-proxy) ends each line with
+        # the leg it is about: server -> words, None -> every other server.
+        self._legs: dict[str | None, str] = {}
 
     # -- settings
+
+    def set_leg(self, server: str | None, words: str) -> None:
+        """End every line about ``server`` (None: any server not set) with
+        ``words`` (the proxy's `` leg=... (between ...)``)."""
+        with self._lock:
+            if server is None or len(self._legs) < MAX_SERVERS:
+                self._legs[server] = words
+
+    def _leg(self, server: str) -> str:
+        legs = self._legs
+        return legs.get(server, legs.get(None, "")) if legs else ""
 
     def mode(self) -> str:
         if self._mode is None:
@@ -206,13 +220,14 @@ class VerdictLog:
         if line is not None and _enabled(level) and self._budget.take((outcome, server)):
             _write(
                 level,
-                "mcp-resumption verdict: %s server=%s transport=%s gaps=%s lost_calls=%d%s%s",
+                "mcp-resumption verdict: %s server=%s transport=%s gaps=%s lost_calls=%d%s%s%s",
                 outcome,
                 server,
                 transport,
                 ",".join(sorted(set(kinds))) or "-",
                 lost,
                 f" awaiting={awaiting}" if awaiting else "",
+                self._leg(server),
                 line,
             )
         if hint:
@@ -222,8 +237,9 @@ class VerdictLog:
                 "ids are opaque (no counter the plugin can order them by, e.g. UUIDs). To make "
                 "them provable, wrap the server's event store in ProvableEventStore "
                 "(opentelemetry.instrumentation.mcp_resumption.server), or declare the ids' "
-                "scheme in OTEL_PYTHON_MCP_RESUMPTION_EVENT_ID_PATTERN",
+                "scheme in OTEL_PYTHON_MCP_RESUMPTION_EVENT_ID_PATTERN%s",
                 server,
+                self._leg(server),
             )
 
     def finding(self, server: str, kind: str, line: str, *args: object) -> None:
@@ -237,6 +253,10 @@ class VerdictLog:
             with self._lock:
                 tally.findings[kind] += 1
         if _enabled(logging.WARNING) and self._budget.take((kind or line, server)):
+            leg = self._leg(server)
+            if leg:
+                # Next to the server's name (the line's first argument).
+                line = line.replace("server=%s", "server=%s" + leg.replace("%", "%%"), 1)
             _write(logging.WARNING, line, *args)
 
     # -- the summary
@@ -274,6 +294,7 @@ class VerdictLog:
                 + (f" {by_outcome}" if by_outcome else "")
                 + f" gaps={by_kind} lost_calls={gaps.get(LOST, 0)}"
                 + "".join(f" {kind}={n}" for kind, n in sorted(findings.items()))
+                + self._leg(name)
             )
             bad = bool(gaps) or bool(findings) or not WARNING_OUTCOMES.isdisjoint(outcomes)
             summaries.append((line, bad))
@@ -289,6 +310,7 @@ class VerdictLog:
         """Forget the tally (tests)."""
         with self._lock:
             self._servers.clear()
+            self._legs.clear()
         self._budget = LogBudget(MAX_SERVERS * 4)
         self._mode = None
 
