@@ -39,6 +39,7 @@ MAX_REMEMBERED = 65_536
 # Ids waiting for the next write to the fleet, and the fleet's ids looked up.
 MAX_UNSAVED = 4096
 _UNSET = object()
+_UNANSWERED = object()
 # What judge_resume says of a cursor no stream through the proxy carried.
 UNCARRIED = "uncarried_cursor"
 
@@ -69,6 +70,8 @@ class DownstreamView:
         self._unsaved: OrderedDict[str, str | None] = OrderedDict()
         # Cursors the fleet forwarded, looked up here: cursor -> session hash.
         self._fleet: OrderedDict[str, str] = OrderedDict()
+        # Cursors whose lookup Redis did not answer (until judged).
+        self._unsure: OrderedDict[str, None] = OrderedDict()
 
     @classmethod
     def for_leg(cls, shared: Any = None, **providers: Any) -> DownstreamView:
@@ -131,8 +134,17 @@ class DownstreamView:
         with self._lock:
             if cursor in self._ids or cursor in self._fleet:
                 return
-        found = self.shared.session_of(cursor)
+        found = self._fleet_lookup(cursor)
         if found is None:
+            return
+        if found is _UNANSWERED:
+            # Redis did not answer: the fleet may have carried it.  Judged as
+            # a cursor unknown here (as before shared state), not as one no
+            # stream carried.
+            with self._lock:
+                self._unsure[cursor] = None
+                if len(self._unsure) > MAX_UNSAVED:
+                    self._unsure.popitem(last=False)
             return
         session_hash, last = found
         if last is not None:
@@ -144,6 +156,21 @@ class DownstreamView:
             self._fleet[cursor] = session_hash
             if len(self._fleet) > MAX_UNSAVED:
                 self._fleet.popitem(last=False)
+
+    def _fleet_lookup(self, cursor: str) -> Any:
+        """``SharedCursors.session_of``, telling a cursor the fleet never
+        forwarded (None) from a Redis that did not answer (``_UNANSWERED``)."""
+        shared = self.shared
+        key = shared.store.key("d", shared.upstream, cursor)
+        answer = shared.store.call(lambda client: (client.get(key),))
+        if answer is None:
+            return _UNANSWERED
+        found = answer[0]
+        if found is None:
+            return None
+        text = found.decode("ascii", "replace") if isinstance(found, bytes) else str(found)
+        session_hash, _, last = text.partition("|")
+        return session_hash, (last or None)
 
     def judge(self, cursor: str, session_id: str | None) -> str:
         """The downstream outcome of a resume from ``cursor`` in ``session_id``."""
@@ -177,7 +204,11 @@ class DownstreamView:
             self.record(outcome, cursor, session_id, address, port, guard=True)
             return sc.SERVER_REJECTED_BY_GUARD
         if outcome == sc.SERVER_UNKNOWN_CURSOR:
-            return UNCARRIED
+            with self._lock:
+                unsure = self._unsure.pop(cursor, _UNSET) is not _UNSET
+            if not unsure:
+                return UNCARRIED
+            self.record(outcome, cursor, session_id, address, port)
         if outcome == sc.SERVER_OTHER_SESSION:
             self.record(outcome, cursor, session_id, address, port)
         return outcome
