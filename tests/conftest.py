@@ -68,6 +68,20 @@ def shipped_stack(tmp_path_factory):
         prometheus.close()
 
 
+@pytest.fixture(autouse=True)
+def lost_calls_are_their_gaps():
+    """After every test: each metric reader it used (an in-process
+    ``Telemetry``, a proxy's exit export) counts as many ``lost`` fates as
+    ``orphaned_request`` gaps, leg by leg (tests/loss_accounting.py)."""
+    from loss_accounting import LOSS_READERS, check
+
+    start = len(LOSS_READERS)
+    yield
+    readers = LOSS_READERS[start:]
+    del LOSS_READERS[start:]  # nothing kept alive past its test
+    check(readers)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_exit_summary_of_the_test_process():
     """The tests instrument this process against hundreds of loopback servers:

@@ -47,6 +47,9 @@ class Telemetry:
         self.logs = InMemoryLogRecordExporter()
         self.logger_provider = LoggerProvider()
         self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.logs))
+        from loss_accounting import LOSS_READERS
+
+        LOSS_READERS.append(self)  # its lost calls and gaps checked after the test
 
     @contextlib.contextmanager
     def instrumented(self, **settings) -> Iterator[object]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers import clean_env, console_metrics, stop_process
+from loss_accounting import LOSS_READERS
 from mcp_resumption_demo.loopback import LoopbackServer
 from mcp_resumption_demo.router import Backend
 from wire import CutRoute, Fleet, WireRouter, is_progress
@@ -103,6 +104,8 @@ class Proxy:
         self._stdout_reader.join(timeout=10)
         self._stderr_reader.join(timeout=10)
         self.stdout = "".join(self._stdout)
+        if self not in LOSS_READERS:
+            LOSS_READERS.append(self)  # its lost calls and gaps checked after the test
         return self.stdout
 
     def __enter__(self) -> Proxy:

@@ -118,6 +118,7 @@ def test_scenarios_carry_design_names() -> None:
         "subscription_dropped",
         "proxy_cut_upstream",
         "proxy_cut_client",
+        "proxy_cut_client_no_store",
         "proxy_resumable_no_store",
     ]
     for scenario in scenarios:
@@ -724,6 +725,24 @@ def test_proxy_rows_cut_the_leg_they_say(run: _Run, name: str, cut_leg: str) -> 
     ), "the answer reached the client on its resume"
     assert wire.legs is not None and wire.legs == wire.legs_on_the_wire, wire.legs
     assert wire.legs[f"client_proxy|{semconv.SERVER_REQUESTS[0]}|replayed"] == 1
+
+
+def test_proxy_row_of_a_loss_between_client_and_proxy(run: _Run) -> None:
+    """No event store, the client's leg cut after the first progress: the call
+    never answered on the client's leg, not resumed, not sent again; the
+    server's leg not cut, and the proxy left it before the answer.  The proxy
+    counted the call lost on client_proxy, with its gap, and nothing on
+    proxy_server."""
+    wire = run.wires["proxy_cut_client_no_store"]
+    assert [x.request.jsonrpc_method for x in wire.exchanges if x.severed] == ["tools/call"]
+    assert not any(x.severed for x in wire.upstream_exchanges)
+    assert broken_request_fates(wire.exchanges) == {"lost": 1}
+    [call] = [x for x in wire.upstream_exchanges if x.request.jsonrpc_method == "tools/call"]
+    assert call.client_closed, "the proxy left the call's upstream stream"
+    assert wire.legs == wire.legs_on_the_wire == {
+        f"client_proxy|{semconv.BROKEN_REQUESTS[0]}|lost": 1,
+        f"client_proxy|{semconv.GAPS[0]}|orphaned_request": 1,
+    }, wire.legs
 
 
 def test_proxy_resumable_serves_the_resume_from_the_proxy(run: _Run) -> None:

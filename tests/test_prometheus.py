@@ -18,6 +18,9 @@ GAP_SCENARIOS = {
     # lost at a break that nothing could resume: no resume, still a lost call
     "stateless_cut_lost": {"McpResumptionLostToolCall"},
     "bridge_cut_lost": {"McpResumptionLostToolCall"},
+    # the demo's client lost the call it could not resume (the proxy's own
+    # count, on client_proxy, is in the proxy's export, not scraped here)
+    "proxy_cut_client_no_store": {"McpResumptionLostToolCall"},
 }
 # Warnings of the 2026-07-28 revision, raised for the row's server alone:
 # never the lost-call alert (nothing was lost but a subscription, or the

@@ -5,7 +5,7 @@ first is drained at the resume: tests/fleet_stack.py).  The resume must be
 judged as if it had landed on the first one, on both legs:
 
 * the downstream leg (the client's resume to the proxy, the server half's
-  view): ``replayed``, never ``unknown_cursor``;
+  view): ``replayed``, never a cursor counted apart as uncarried;
 * the upstream leg (the proxy's own client half): ``resumed`` for a faithful
   server, ``id_regression`` when the server's counter started over at the
   resume; never ``unverifiable`` for want of state.
@@ -42,7 +42,7 @@ MEMORY_FAILS = pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
     reason="state in memory: the other instance never saw the cursor "
-    "(unknown_cursor downstream, unverifiable upstream)",
+    "(an uncarried cursor downstream, counted apart, and not judged upstream)",
 )
 STATES = [pytest.param("redis"), pytest.param("memory", marks=MEMORY_FAILS)]
 

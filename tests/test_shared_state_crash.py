@@ -134,5 +134,8 @@ def test_a_killed_process_s_call_is_lost_once_for_the_fleet(redis_server, state)
     lines = [seen["stderr"].count("mcp-resumption lost call: server=") for seen in found]
     assert sorted(lines) == [0, 1], [seen["stderr"] for seen in found]
     assert "lost_calls=1" in counted["stderr"], counted["stderr"]
+    # The lost call is its orphaned_request gap, once, where it was counted.
+    assert [seen["gaps"] for seen in found if seen is not counted] == [{}], found
+    assert counted["gaps"] == {"orphaned_request": 1}, counted
     if state == "redis":
         assert in_flight_entries(redis_server.client()) == 0, "claimed and removed"

@@ -38,7 +38,8 @@ async def see(url: str, seconds: float, telemetry: Telemetry) -> dict:
         while not telemetry.fates() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         fates = telemetry.fates()
-        return {"fates": fates, "at": time.time() if fates else None}
+        return {"fates": fates, "at": time.time() if fates else None,
+                "gaps": telemetry.gap_kinds()}
 
 
 def main() -> None:

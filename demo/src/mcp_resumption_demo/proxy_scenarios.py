@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
@@ -45,7 +46,7 @@ from .scenarios import (
     _staged,
 )
 from .servers import IntEventStore, sdk_streamable_app
-from .stateless_scenarios import cut_first_call
+from .stateless_scenarios import call_until_cut, cut_first_call
 
 __all__ = ["SCENARIOS"]
 
@@ -173,14 +174,24 @@ def _faithful(stream: Exchange, resume: Exchange) -> bool:
     return all(read.get(e.id, e.data) == e.data for e in resume.events if e.id is not None)
 
 
-def _legs_on_the_wire(client_leg: list[Exchange], upstream_leg: list[Exchange]) -> dict[str, int]:
+def _legs_on_the_wire(
+    client_leg: list[Exchange], upstream_leg: list[Exchange], drained: bool = False
+) -> dict[str, int]:
     """What the proxy must count on each leg, from the routers' logs.
 
     ``client_proxy``: each resume the client made to the proxy is ``replayed``
-    when its Last-Event-ID is one the proxy sent this client before, else
-    ``unknown_cursor``. ``proxy_server``: each resume the proxy made to the
-    server is ``resumed`` when it was answered (200) with the answer to the
-    call whose stream carried its Last-Event-ID, and every event it replayed
+    when its Last-Event-ID is one the proxy sent this client before and the
+    resume was answered (below 400; a cursor the proxy never sent, or a
+    resume it could not forward, is counted apart, off these metrics); each
+    call whose stream the client's router cut before its answer crossed has
+    the fate the client leg's log gives it (``answered``, ``reissued``,
+    ``lost``; each lost one also its ``orphaned_request`` gap), unless the
+    client's router read the proxy's answer on after the cut (``drained``):
+    the proxy then wrote every answer to its peer, and nothing broke on its
+    side of that leg.
+    ``proxy_server``: each resume the proxy made to the server is
+    ``resumed`` when it was answered (200) with the answer to the call whose
+    stream carried its Last-Event-ID, and every event it replayed
     that the proxy had read before (a cursor behind what the proxy read)
     came back with the same data (anything else is left unmodelled: the row
     fails rather than guess); each call whose stream the
@@ -195,16 +206,24 @@ def _legs_on_the_wire(client_leg: list[Exchange], upstream_leg: list[Exchange]) 
 
     sent: set[str] = set()
     for exchange in client_leg:
-        if (cursor := exchange.last_event_id_sent) is not None:
-            outcome = "replayed" if cursor in sent else "unknown_cursor"
-            count(sc.LEG_CLIENT_PROXY, sc.SERVER_REQUESTS[0], outcome)
+        if (cursor := exchange.last_event_id_sent) is not None and cursor in sent and (
+            exchange.status is not None and exchange.status < 400
+        ):
+            count(sc.LEG_CLIENT_PROXY, sc.SERVER_REQUESTS[0], "replayed")
         sent.update(e.id for e in exchange.events if e.id is not None)
+    for fate, n in ({} if drained else broken_request_fates(client_leg)).items():
+        for _ in range(n):
+            count(sc.LEG_CLIENT_PROXY, sc.BROKEN_REQUESTS[0], fate)
+            if fate == "lost":
+                count(sc.LEG_CLIENT_PROXY, sc.GAPS[0], "orphaned_request")
     for index, exchange in enumerate(upstream_leg):
         later = upstream_leg[index + 1 :]
         if exchange.severed:
             request_id = (exchange.request.jsonrpc or {}).get("id")
             answered = any(_answers(x, request_id) for x in later)
             count(sc.LEG_PROXY_SERVER, sc.BROKEN_REQUESTS[0], "answered" if answered else "lost")
+            if not answered:
+                count(sc.LEG_PROXY_SERVER, sc.GAPS[0], "orphaned_request")
         if (cursor := exchange.last_event_id_sent) is not None:
             stream = next(
                 (x for x in upstream_leg[:index] if any(e.id == cursor for e in x.events)), None
@@ -222,16 +241,19 @@ def _legs_on_the_wire(client_leg: list[Exchange], upstream_leg: list[Exchange]) 
 
 @contextlib.asynccontextmanager
 async def _proxied(
-    *, store: bool, cut: str, proxy_args: tuple[str, ...] = (), drain: bool = False
+    *, store: bool, cut: str, proxy_args: tuple[str, ...] = (), drain: bool = False,
+    answer_when: threading.Event | None = None,
 ) -> AsyncIterator[tuple[Router, Router, _Proxy]]:
     """The SDK server (with or without an event store), a router before it
     (the upstream leg), the proxy, and the client's router in front of the
     proxy (the scenario's router); ``cut``: ``upstream`` or ``client``;
-    ``drain``: the cutting router reads the answer on (``_cuts_first_call``)."""
+    ``drain``: the cutting router reads the answer on (``_cuts_first_call``);
+    ``answer_when``: the server's ``slow`` answers once it is set."""
     async with _staged() as stage:
         server = await stage.serve(
             "sdk-stateful" if store else "sdk-no-store",
-            sdk_streamable_app(event_store=IntEventStore() if store else None),
+            sdk_streamable_app(event_store=IntEventStore() if store else None,
+                               answer_when=answer_when),
         )
         upstream = await Router(
             _cuts_first_call(server, drain=drain) if cut == "upstream" else lambda r: Route(server)
@@ -256,17 +278,38 @@ async def _proxied(
 
 
 async def _proxied_row(
-    name: str, *, store: bool, cut: str, resumable: bool, drain: bool = False
+    name: str, *, store: bool, cut: str, resumable: bool, drain: bool = False,
+    lost: bool = False,
 ) -> ScenarioWire:
+    """``lost``: nothing can bring the cut call's answer (no event id to
+    resume with): the application stops waiting once the cut stream ended."""
     args = ("--resumable",) if resumable else ()
     wire = ScenarioWire(name, MCP_MAJOR, transport_before="streamable-http")
+    # Where the row's truth depends on it, the server answers only once the
+    # proxy knows its client's stream is gone (else the answer may be written
+    # to the cut connection before the proxy hears of the cut, which no log
+    # tells apart): lost, once the proxy left the call's upstream stream;
+    # with --resumable, once the client resumes.
+    gate = threading.Event() if lost or (resumable and cut == "client") else None
     async with (
-        _proxied(store=store, cut=cut, proxy_args=args, drain=drain) as (client, upstream, proxy),
+        _proxied(store=store, cut=cut, proxy_args=args, drain=drain, answer_when=gate) as (
+            client, upstream, proxy),
         sdk_streamable_session(f"{client.url}/mcp") as session,
     ):
-        wire.tool_result = await session.call_tool(
-            "slow", {"steps": _STEPS}, read_timeout=_GUARD_TIMEOUT_S
-        )
+        opened = None
+        if gate is not None:
+            opened = asyncio.ensure_future(_open_when(
+                upstream if lost else client, gate,
+                _proxy_left if lost else _client_resumed))
+        if lost:
+            with contextlib.suppress(Exception):  # what the SDK raises is its business
+                wire.tool_result = await call_until_cut(session, client)
+        else:
+            wire.tool_result = await session.call_tool(
+                "slow", {"steps": _STEPS}, read_timeout=_GUARD_TIMEOUT_S
+            )
+        if opened is not None:
+            await opened
     exchanges = client.exchanges
     _record_call(wire, exchanges)
     wire.severed = any(x.severed for x in exchanges + upstream.exchanges)
@@ -274,8 +317,27 @@ async def _proxied_row(
     wire.fates = broken_request_fates(exchanges)
     wire.upstream_exchanges = upstream.exchanges
     wire.legs = proxy.counted
-    wire.legs_on_the_wire = _legs_on_the_wire(exchanges, upstream.exchanges)
+    wire.legs_on_the_wire = _legs_on_the_wire(exchanges, upstream.exchanges, drained=drain)
     return wire
+
+
+def _proxy_left(exchanges: list[Exchange]) -> bool:
+    """The proxy closed the call's stream to the server (the upstream's log)."""
+    return any(x.request.jsonrpc_method == "tools/call" and x.client_closed for x in exchanges)
+
+
+def _client_resumed(exchanges: list[Exchange]) -> bool:
+    """The client resumed at the proxy (the client leg's log)."""
+    return any(x.last_event_id_sent is not None for x in exchanges)
+
+
+async def _open_when(router: Router, gate: threading.Event, happened: Any) -> None:
+    """Set ``gate`` once ``happened`` holds for ``router``'s log (or its bound passed)."""
+    try:
+        with contextlib.suppress(TimeoutError):
+            await router.wait_for(happened)
+    finally:
+        gate.set()
 
 
 async def _proxy_cut_upstream() -> ScenarioWire:
@@ -287,6 +349,12 @@ async def _proxy_cut_client() -> ScenarioWire:
     # has forwarded the whole answer, and the client resumes from behind it.
     return await _proxied_row(
         "proxy_cut_client", store=True, cut="client", resumable=False, drain=True
+    )
+
+
+async def _proxy_cut_client_no_store() -> ScenarioWire:
+    return await _proxied_row(
+        "proxy_cut_client_no_store", store=False, cut="client", resumable=False, lost=True
     )
 
 
@@ -329,6 +397,22 @@ SCENARIOS = (
         expected_gaps=(),
         expected_outcome="resumed",
         run=_proxy_cut_client,
+        prepare=prepare,
+    ),
+    Scenario(
+        name="proxy_cut_client_no_store",
+        happened=(
+            f"Through the proxy in observe mode: {_PATH}, a server without an event store (its "
+            "events carry no id). The client's router cuts the call's stream between client and "
+            "proxy after the first progress notification: the client has no id to resume with, "
+            "and the server answers once the proxy has left the call's upstream stream: the "
+            "answer reaches no one. Only the proxy can see this loss: it counts the call lost "
+            "on client_proxy (between client and proxy), with its orphaned_request gap and its "
+            "lost-call line; nothing broke on proxy_server."
+        ),
+        expected_gaps=("orphaned_request",),
+        expected_outcome="not_resumable",
+        run=_proxy_cut_client_no_store,
         prepare=prepare,
     ),
     Scenario(

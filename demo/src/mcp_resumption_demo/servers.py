@@ -63,6 +63,9 @@ UnknownSession = Literal["fresh", "reject"]
 
 _SSE_HEADERS: Final = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _FRESH_EVENTS: Final = 3
+# How long ``slow`` waits for a row's ``answer_when`` (a bound on a broken
+# row, never what a passing one waits for).
+_ANSWER_WHEN_TIMEOUT_S: Final = 10.0
 TOOLS: Final[tuple[dict[str, object], ...]] = (
     {
         "name": "search_index",
@@ -415,7 +418,7 @@ class UuidEventStore(_OrderedEventStore):
 # -- the installed SDK's streamable-HTTP server ------------------------------------------
 
 
-def _register_tools(server: Any) -> None:
+def _register_tools(server: Any, answer_when: Any = None) -> None:
     @server.tool()
     async def search_index(query: str) -> str:
         """Search the document index."""
@@ -435,6 +438,10 @@ def _register_tools(server: Any) -> None:
         """
         for step in range(1, steps + 1):
             await ctx.report_progress(step, steps, f"step {step}/{steps}")
+            if step == 1 and answer_when is not None:
+                # A row that needs the answer to come only after a cut it
+                # makes: the server waits for the row (in a thread of its own).
+                await asyncio.to_thread(answer_when.wait, _ANSWER_WHEN_TIMEOUT_S)
         return f"slow finished {steps} steps"
 
     @server.tool()
@@ -510,8 +517,12 @@ def sdk_streamable_app(
     retry_interval_ms: int | None = 50,
     stateless: bool = False,
     name: str = "demo-sdk",
+    answer_when: Any = None,
 ) -> Starlette:
     """The SDK's streamable-HTTP app at ``/mcp``, tools ``search_index``, ``echo``, ``slow``.
+
+    ``answer_when`` (a ``threading.Event``): ``slow`` answers only once it is
+    set, after its first progress.
 
     ``stateless=True`` is the 2026-07-28 instance of the seeds. On mcp 2.x the
     manager serves 2026-07-28 requests statelessly in any case and
@@ -523,7 +534,7 @@ def sdk_streamable_app(
     store = None if stateless else event_store
     if MCP_MAJOR >= 2:
         server = _SdkServer(name, log_level="WARNING")
-        _register_tools(server)
+        _register_tools(server, answer_when)
         app: Starlette = server.streamable_http_app(
             event_store=store, retry_interval=retry_interval_ms, stateless_http=stateless
         )
@@ -536,7 +547,7 @@ def sdk_streamable_app(
             stateless_http=stateless,
             log_level="WARNING",
         )
-        _register_tools(server)
+        _register_tools(server, answer_when)
         app = server.streamable_http_app()
     if store is None:
         app.add_middleware(_NoReplayWithoutStore)

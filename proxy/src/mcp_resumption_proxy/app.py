@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from opentelemetry.instrumentation.mcp_resumption import ResumptionGapError
+from opentelemetry.instrumentation.mcp_resumption import semconv as sc
 
 from . import enforce, resumable
-from .downstream import DownstreamView
+from .client_leg import NOT_FORWARDED, UNCARRIED_CURSOR, ClientLeg, Watch
+from .downstream import UNCARRIED, DownstreamView
 from .forwarding import (
     TIMEOUT,
     UPSTREAM_ERROR,
@@ -36,6 +40,7 @@ from .forwarding import (
     Scope,
     Send,
     answer_events,
+    client_gone,
     client_left,
     decoded_text,
     end_to_end,
@@ -77,11 +82,15 @@ class ProxyApp(Passthrough):
         resumable: bool = False,
         enforced_errors: Any = None,
         shared_relays: Any = None,
+        client_leg: ClientLeg | None = None,
     ) -> None:
         url = httpx.URL(upstream)
         self.upstream = url
         self.upstream_origin = f"{url.scheme}://{url.netloc.decode('ascii')}"
         self.downstream = downstream
+        # The client leg's broken requests: reported where the resumes are.
+        self.client_leg = client_leg if client_leg is not None or downstream is None else (
+            ClientLeg.for_leg())
         self.enforce = enforce
         self.ledger = new_ledger() if enforce else None
         self.stream_error = stream_error
@@ -111,29 +120,50 @@ class ProxyApp(Passthrough):
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                _quiet_deliberate_breaks()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self._own_client:
-                    await self.client.aclose()
+                await self.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    def stop_waiting(self) -> None:
+        """The proxy stops: every answer not delivered to its client is lost,
+        counted on its leg now (before the exit's summary and last export),
+        and those of streams cut from here on as they end."""
+        if self.client_leg is not None:
+            self.client_leg.stop_waiting()
+
     async def aclose(self) -> None:
+        self.stop_waiting()
         if self._own_client:
             await self.client.aclose()
 
     # ------------------------------------------------------------ one request
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        held: list[Watch] = []  # what the response is to answer (client_leg.py)
+        how = "done"
         try:
-            await self._request(scope, receive, send)
+            await self._request(scope, receive, send, held)
+        except BaseException:
+            how = "cut"  # cancelled (shutdown), or the forwarding failed
+            raise
         finally:
+            if held and self.client_leg is not None:
+                watch = held[0]
+                self.client_leg.ended(watch, watch.how or how,
+                                      watch.progress() if watch.progress is not None else None)
             if self.downstream is not None:
                 # The ids this response forwarded, for the rest of the fleet
                 # (queued: nothing waits for Redis here).
                 self.downstream.save()
 
-    async def _request(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _request(
+        self, scope: Scope, receive: Receive, send: Send, held: list[Watch]
+    ) -> None:
+        judged: tuple[Any, ...] | None = None  # a resume's replayed, once forwarded
+        outcome = None
         body = await read_body(receive)
         if body is None:
             await respond(send, 413, jsonrpc_error(None, UPSTREAM_ERROR, "request too large"))
@@ -145,13 +175,28 @@ class ProxyApp(Passthrough):
         session_id = decoded_text(header_of(headers, b"mcp-session-id"))
         cursor = decoded_text(header_of(headers, b"last-event-id"))
         resume = cursor is not None and method == "GET"
+        leg = self.client_leg
+        watch = None
+        if leg is not None:
+            if method == "POST":
+                watch = leg.watch_post(body, leg.server_of(scope), session_id, decoded_text(
+                    header_of(headers, b"mcp-protocol-version")))
+            elif resume:
+                watch = leg.watch_resume(leg.server_of(scope), session_id)
+            if watch is not None:
+                held.append(watch)
         if resume and self.downstream is not None:
             if self.downstream.shared is not None:
                 # A cursor another instance of the fleet forwarded: one
                 # bounded read, off the event loop.
                 await asyncio.to_thread(self.downstream.prefetch, cursor)
             server = scope.get("server") or ("", None)
-            outcome = self.downstream.resumed(cursor, session_id, str(server[0]), server[1])
+            address, port = str(server[0]), server[1]
+            outcome = self.downstream.judge_resume(cursor, session_id, address, port)
+            if outcome == UNCARRIED and self.client_leg is not None:
+                self.client_leg.resume_apart(UNCARRIED_CURSOR, self.client_leg.server_of(scope))
+            elif outcome == sc.SERVER_REPLAYED:
+                judged = (cursor, session_id, address, port)
             if outcome == "rejected_by_guard":
                 await respond(send, 410, jsonrpc_error(
                     None, UPSTREAM_ERROR, "mcp-resumption-proxy: this proxy never forwarded "
@@ -186,7 +231,8 @@ class ProxyApp(Passthrough):
                     after = int(cursor.rsplit(":", 1)[1])
                     if not remote.upstream_broke():
                         remote.forwarded = self._forwarded(session_id)
-                        await self._follow(receive, send, remote, after, [])
+                        self._replayed(judged)
+                        await self._follow(receive, send, remote, after, [], watch=watch)
                         return
                     frames = await asyncio.to_thread(remote.read_all, after)
                     if frames is not None:
@@ -194,7 +240,8 @@ class ProxyApp(Passthrough):
             if found is not None:
                 relay, after = found
                 if not (relay.ended and relay.failed and relay.upstream_last_id):
-                    await self._follow(receive, send, relay, after, [])
+                    self._replayed(judged)
+                    await self._follow(receive, send, relay, after, [], watch=watch)
                     return
                 # The upstream broke too: resume it from its own last id,
                 # into the same relay, and serve the client from its cursor.
@@ -216,8 +263,17 @@ class ProxyApp(Passthrough):
             content=body,
         )
         try:
-            response = await self.client.send(request, stream=True, follow_redirects=True)
+            if outcome == UNCARRIED:
+                # Not a resume of anything this proxy carried: forwarded as
+                # it is, and not judged on the upstream leg either (a made-up
+                # cursor is no loss between proxy and server).
+                with suppress_instrumentation():
+                    response = await self.client.send(request, stream=True,
+                                                      follow_redirects=True)
+            else:
+                response = await self.client.send(request, stream=True, follow_redirects=True)
         except (httpx.HTTPError, ResumptionGapError) as error:
+            self._not_forwarded(judged, scope)
             # The type only: an httpx message may quote a header value.
             message = f"mcp-resumption-proxy: upstream unreachable ({type(error).__name__})"
             if isinstance(error, ResumptionGapError):
@@ -230,6 +286,10 @@ class ProxyApp(Passthrough):
                 return
             await respond(send, 502, jsonrpc_error(request_id_of(body), UPSTREAM_ERROR, message))
             return
+        if response.status_code >= 400:
+            self._not_forwarded(judged, scope)
+        else:
+            self._replayed(judged)
         try:
             if ledger is not None:
                 answered_in = decoded_text(header_of(list(response.headers.raw), b"mcp-session-id"))
@@ -245,7 +305,7 @@ class ProxyApp(Passthrough):
             if relay is not None and response.status_code == 200 and is_sse(response):
                 resumable.start(relay, response, self._forwarded(session_id))
                 response = None  # the relay's now
-                await self._follow(receive, send, relay, after, [])
+                await self._follow(receive, send, relay, after, [], watch=watch)
                 return
             if self.relays is not None and is_sse(response):
                 session = decoded_text(header_of(list(response.headers.raw), b"mcp-session-id"))
@@ -257,13 +317,25 @@ class ProxyApp(Passthrough):
                                                 start_headers)
                 resumable.start(relay, response, self._forwarded(session or session_id))
                 response = None
-                await self._follow(receive, send, relay, 0, start_headers, status)
+                await self._follow(receive, send, relay, 0, start_headers, status, watch=watch)
                 return
             await self._relay(scope, receive, send, method, headers, session_id, response,
-                              pending)
+                              pending, watch)
         finally:
             if response is not None:
                 await response.aclose()
+
+    def _replayed(self, judged: tuple[Any, ...] | None) -> None:
+        """A resume from a carried cursor was handed on: ``replayed`` on the
+        client leg (the upstream leg judges what the server replays)."""
+        if judged is not None and self.downstream is not None:
+            self.downstream.record(sc.SERVER_REPLAYED, *judged)
+
+    def _not_forwarded(self, judged: tuple[Any, ...] | None, scope: Scope) -> None:
+        """A resume the proxy could not forward, or the server refused: not
+        ``replayed`` (the upstream leg gives its verdict: rejected, failed)."""
+        if judged is not None and self.client_leg is not None:
+            self.client_leg.resume_apart(NOT_FORWARDED, self.client_leg.server_of(scope))
 
     def _forwarded(self, session: str | None) -> Callable[[str], None] | None:
         downstream = self.downstream
@@ -279,9 +351,11 @@ class ProxyApp(Passthrough):
         after: int,
         headers: list[tuple[bytes, bytes]],
         status: int = 200,
+        *,
+        watch: Watch | None = None,
     ) -> None:
         """Serve one client from ``relay``, from its cursor on; its leaving
-        leaves the relay reading."""
+        leaves the relay reading.  ``watch``: the answers it may carry."""
         if not headers:
             headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -290,21 +364,47 @@ class ProxyApp(Passthrough):
         async def forward() -> None:
             async for frame in relay.follow(after):
                 await out.write(frame)
+                if watch is not None and not gone():
+                    watch.seen_frames(frame)
 
         forwarding = asyncio.ensure_future(forward())
         watching = asyncio.ensure_future(client_left(receive))
+        gone = client_gone(receive, watching)
         try:
             await asyncio.wait({forwarding, watching}, return_when=asyncio.FIRST_COMPLETED)
             if not forwarding.done():
                 forwarding.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await forwarding
+                if watch is not None:
+                    watch.how = "left"
                 return
             if forwarding.exception() is not None or relay.failed:
+                if watch is not None:
+                    watch.how = "left" if isinstance(forwarding.exception(), ClientGone) else (
+                        "upstream")
                 return  # broken as the upstream broke: the client resumes here
+            if watch is not None and gone():
+                watch.how = "left"
             with contextlib.suppress(ClientGone):
                 await out.finish()
         finally:
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
+
+
+class _DeliberateBreaks(logging.Filter):
+    """uvicorn's line for a response the app left unfinished: the proxy does
+    so on purpose, so that a client whose upstream stream broke sees its own
+    stream break (ASGI has no other way to break a response without a
+    traceback).  Only that line; the rest of uvicorn's log stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != "ASGI callable returned without completing response."
+
+
+def _quiet_deliberate_breaks() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _DeliberateBreaks) for f in logger.filters):
+        logger.addFilter(_DeliberateBreaks())

@@ -5,10 +5,12 @@ to it, reported as the server half reports a server's resumes.
 
 The proxy remembers, bounded, the event ids it forwarded and the session each
 was forwarded in.  A client's ``Last-Event-ID`` is then one it got from this
-proxy in this session (``replayed``: handed on, the upstream leg judges what
-the server replays), one of another session (``other_session``), or one the
-proxy never forwarded (``unknown_cursor``: a restarted proxy, or a cursor from
-elsewhere; nothing on this leg can vouch for what follows it).
+proxy in this session (``replayed`` once the resume was forwarded and not
+refused: handed on, the upstream leg judges what the server replays), one of
+another session (``other_session``), or one the proxy never forwarded
+(``UNCARRIED``: a restarted proxy, a cursor from elsewhere, a made-up one;
+counted apart by the app, as nothing this proxy carried can be lost by it,
+and anyone can send one).
 
 With shared state (``shared.SharedCursors``) "this proxy" is the fleet: the
 ids forwarded here are written at each response's end, and a cursor this
@@ -37,6 +39,9 @@ MAX_REMEMBERED = 65_536
 # Ids waiting for the next write to the fleet, and the fleet's ids looked up.
 MAX_UNSAVED = 4096
 _UNSET = object()
+_UNANSWERED = object()
+# What judge_resume says of a cursor no stream through the proxy carried.
+UNCARRIED = "uncarried_cursor"
 
 
 class ResponseIds:
@@ -65,6 +70,8 @@ class DownstreamView:
         self._unsaved: OrderedDict[str, str | None] = OrderedDict()
         # Cursors the fleet forwarded, looked up here: cursor -> session hash.
         self._fleet: OrderedDict[str, str] = OrderedDict()
+        # Cursors whose lookup Redis did not answer (until judged).
+        self._unsure: OrderedDict[str, None] = OrderedDict()
 
     @classmethod
     def for_leg(cls, shared: Any = None, **providers: Any) -> DownstreamView:
@@ -127,8 +134,17 @@ class DownstreamView:
         with self._lock:
             if cursor in self._ids or cursor in self._fleet:
                 return
-        found = self.shared.session_of(cursor)
+        found = self._fleet_lookup(cursor)
         if found is None:
+            return
+        if found is _UNANSWERED:
+            # Redis did not answer: the fleet may have carried it.  Judged as
+            # a cursor unknown here (as before shared state), not as one no
+            # stream carried.
+            with self._lock:
+                self._unsure[cursor] = None
+                if len(self._unsure) > MAX_UNSAVED:
+                    self._unsure.popitem(last=False)
             return
         session_hash, last = found
         if last is not None:
@@ -140,6 +156,21 @@ class DownstreamView:
             self._fleet[cursor] = session_hash
             if len(self._fleet) > MAX_UNSAVED:
                 self._fleet.popitem(last=False)
+
+    def _fleet_lookup(self, cursor: str) -> Any:
+        """``SharedCursors.session_of``, telling a cursor the fleet never
+        forwarded (None) from a Redis that did not answer (``_UNANSWERED``)."""
+        shared = self.shared
+        key = shared.store.key("d", shared.upstream, cursor)
+        answer = shared.store.call(lambda client: (client.get(key),))
+        if answer is None:
+            return _UNANSWERED
+        found = answer[0]
+        if found is None:
+            return None
+        text = found.decode("ascii", "replace") if isinstance(found, bytes) else str(found)
+        session_hash, _, last = text.partition("|")
+        return session_hash, (last or None)
 
     def judge(self, cursor: str, session_id: str | None) -> str:
         """The downstream outcome of a resume from ``cursor`` in ``session_id``."""
@@ -157,30 +188,51 @@ class DownstreamView:
             return sc.SERVER_OTHER_SESSION
         return sc.SERVER_REPLAYED
 
-    def resumed(
+    def judge_resume(
+        self, cursor: str, session_id: str | None, address: str, port: int | None
+    ) -> str:
+        """A client's resume judged: ``rejected_by_guard`` (reported; answer
+        410), ``other_session`` (reported), or, reported by the caller once
+        it knows what became of the resume, ``replayed`` (``record`` when the
+        resume was forwarded and answered) and ``UNCARRIED`` (a cursor no
+        stream through this proxy, or the fleet, carried: counted apart,
+        never as a gap: anyone can send a made-up ``Last-Event-ID``)."""
+        outcome = self.judge(cursor, session_id)
+        if self.observer is None:
+            return UNCARRIED if outcome == sc.SERVER_UNKNOWN_CURSOR else outcome
+        if self.observer.rejecting and outcome in sc.SERVER_GAP_KINDS:
+            self.record(outcome, cursor, session_id, address, port, guard=True)
+            return sc.SERVER_REJECTED_BY_GUARD
+        if outcome == sc.SERVER_UNKNOWN_CURSOR:
+            with self._lock:
+                unsure = self._unsure.pop(cursor, _UNSET) is not _UNSET
+            if not unsure:
+                return UNCARRIED
+            self.record(outcome, cursor, session_id, address, port)
+        if outcome == sc.SERVER_OTHER_SESSION:
+            self.record(outcome, cursor, session_id, address, port)
+        return outcome
+
+    def record(
         self,
+        outcome: str,
         cursor: str,
         session_id: str | None,
         address: str,
         port: int | None,
         *,
         replayed: int | None = None,
-    ) -> str:
-        """Judge a client's resume and report it on the ``client_proxy`` leg;
-        ``rejected_by_guard`` when the guard refuses it (answer 410)."""
-        outcome = self.judge(cursor, session_id)
-        if self.observer is not None:
-            with self._lock:
-                previous = self._ids.get(cursor)
-            request = ResumeRequest(
-                sc.TRANSPORT_STREAMABLE_HTTP, address, port, cursor, session_id
-            )
-            cursor_session = previous if outcome == sc.SERVER_OTHER_SESSION else None
-            if self.observer.rejecting and outcome in sc.SERVER_GAP_KINDS:
-                self.observer.record(request, sc.SERVER_REJECTED_BY_GUARD, refused=outcome,
-                                     cursor_session=cursor_session)
-                return sc.SERVER_REJECTED_BY_GUARD
-            self.observer.record(
-                request, outcome, replayed=replayed, cursor_session=cursor_session
-            )
-        return outcome
+        guard: bool = False,
+    ) -> None:
+        """Report one resume's ``outcome`` on the ``client_proxy`` leg."""
+        if self.observer is None:
+            return
+        with self._lock:
+            previous = self._ids.get(cursor)
+        request = ResumeRequest(sc.TRANSPORT_STREAMABLE_HTTP, address, port, cursor, session_id)
+        cursor_session = previous if outcome == sc.SERVER_OTHER_SESSION else None
+        if guard:
+            self.observer.record(request, sc.SERVER_REJECTED_BY_GUARD, refused=outcome,
+                                 cursor_session=cursor_session)
+            return
+        self.observer.record(request, outcome, replayed=replayed, cursor_session=cursor_session)

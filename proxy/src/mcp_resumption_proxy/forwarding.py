@@ -138,13 +138,26 @@ class Tee(httpx.AsyncByteStream):
         self.limit = limit
         self._open = 0  # bytes since the last blank line seen
         self._unsent: bytes | None = None
+        # Chunks handed to the parser, and of them written to the client: an
+        # answer parsed in chunk ``read`` reached the client once ``sent`` is
+        # there (client_leg.Watch).
+        self.read = 0
+        self.sent = 0
 
     failed = False  # the upstream's read failed (not a parser's, not the client's)
+    # Whether the client's connection is gone (``client_gone``): a server's
+    # send to a closed connection returns as if it wrote.  None: not asked.
+    gone: Callable[[], bool] | None = None
+
+    def written(self) -> int:
+        return self.sent
 
     async def flush(self) -> None:
         unsent, self._unsent = self._unsent, None
         if unsent:
             await self._out(unsent)
+            if self.gone is None or not self.gone():
+                self.sent = self.read
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = self._inner.__aiter__()
@@ -158,6 +171,7 @@ class Tee(httpx.AsyncByteStream):
                 self.failed = True
                 raise
             self._unsent = chunk
+            self.read += 1
             if self.limit is not None:
                 end = max(chunk.rfind(b"\n\n"), chunk.rfind(b"\r\r"), chunk.rfind(b"\n\r\n"))
                 self._open = len(chunk) - end if end >= 0 else self._open + len(chunk)
@@ -305,6 +319,17 @@ async def read_body(receive: Receive) -> bytes | bool | None:
         parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts)
+
+
+def client_gone(receive: Receive, watching: Any) -> Callable[[], bool]:
+    """Whether the client's connection is closed, as of now: uvicorn's own
+    flag (its send to a closed connection returns as if it wrote; its
+    ``http.disconnect`` reaches a reader one turn later), else the task
+    that reads ``http.disconnect``."""
+    cycle = getattr(receive, "__self__", None)
+    if isinstance(getattr(cycle, "disconnected", None), bool):
+        return lambda: cycle.disconnected
+    return watching.done
 
 
 async def client_left(receive: Receive) -> None:

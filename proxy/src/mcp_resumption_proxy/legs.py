@@ -24,9 +24,17 @@ from opentelemetry.metrics import Observation
 
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.mcp_resumption import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.verdict_log import verdicts
 
 CLIENT_PROXY = sc.LEG_CLIENT_PROXY
 PROXY_SERVER = sc.LEG_PROXY_SERVER
+# What a user reads beside the attribute's value in every line of the proxy.
+WORDS = {CLIENT_PROXY: "between client and proxy", PROXY_SERVER: "between proxy and server"}
+
+
+def named(leg: str) -> str:
+    """`` leg=client_proxy (between client and proxy)``: what ends a line about ``leg``."""
+    return f" leg={leg} ({WORDS[leg]})"
 
 
 class _Forwarding:
@@ -147,6 +155,10 @@ def providers(
 ) -> dict[str, Any]:
     """The given providers (else the global ones, which must be set by now)
     wrapped for ``leg``, as ``instrument()`` keyword arguments."""
+    if leg == PROXY_SERVER:
+        # The client half's lines (verdicts, lost calls, the summary) are the
+        # upstream leg's, unless a server is named for the client leg.
+        verdicts.set_leg(None, named(PROXY_SERVER))
     return {
         "tracer_provider": LegTracerProvider(
             tracer_provider or trace.get_tracer_provider(), leg

@@ -38,6 +38,7 @@ from httpx_sse import EventSource
 from opentelemetry.instrumentation.mcp_resumption import ResumptionGapError
 
 from . import enforce
+from .client_leg import Watch
 from .downstream import DownstreamView
 from .forwarding import (
     MAX_EVENT_BYTES,
@@ -47,6 +48,7 @@ from .forwarding import (
     Scope,
     Send,
     Tee,
+    client_gone,
     client_left,
     decoded_text,
     drain,
@@ -60,6 +62,17 @@ from .forwarding import (
 
 # The app's logger: what it logs is the forwarding's.
 _logger = logging.getLogger(f"{__package__}.app")
+
+
+async def _json_answers(response: httpx.Response, watch: Watch, tee: Tee) -> None:
+    """A JSON answer read whole, its answers noted as of its last chunk."""
+    await response.aread()
+    watch.seen(response.text, tee.read)
+
+
+def _ended(watch: Watch | None, how: str) -> None:
+    if watch is not None:
+        watch.how = how
 
 
 class Passthrough:
@@ -83,6 +96,7 @@ class Passthrough:
         session_id: str | None,
         response: httpx.Response,
         pending: enforce.Pending | None = None,
+        watch: Watch | None = None,
     ) -> None:
         raw_headers = list(response.headers.raw)
         content_type = (header_of(raw_headers, b"content-type") or b"").split(b";", 1)[0]
@@ -116,16 +130,22 @@ class Passthrough:
             MAX_EVENT_BYTES if sse else None,
         )
         ids = self.downstream.response(session) if self.downstream is not None else None
+        if watch is not None:
+            watch.progress = tee.written
         if enforced:
-            pump = self._enforced_events(response, session, out, pending, ids)
+            pump = self._enforced_events(response, session, out, pending, ids, watch, tee)
+        elif sse and watch is not None:
+            pump = self._watched_events(response, session, ids, watch, tee)
         elif sse:
             pump = self._events(response, session, ids)
         elif content_type == b"application/json" and is_small(raw_headers):
-            pump = response.aread()
+            pump = response.aread() if watch is None else _json_answers(response, watch, tee)
         else:
             pump = drain(response)
         pumping = asyncio.ensure_future(pump)
         watching = asyncio.ensure_future(client_left(receive))
+        if watch is not None:
+            tee.gone = client_gone(receive, watching)
         waits = {pumping, watching}
         if enforced and self.stream_error is not None:
             judged = asyncio.ensure_future(self._judged(response))
@@ -136,6 +156,8 @@ class Passthrough:
                 pumping.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pumping
+                if watching.done():
+                    _ended(watch, "left")
                 if enforced and not watching.done() and pending is not None:
                     error = self.stream_error(response) if self.stream_error else None
                     await self._fail(out, pending, f"mcp-resumption-proxy: {error}")
@@ -143,6 +165,7 @@ class Passthrough:
             try:
                 pumping.result()
             except ClientGone:
+                _ended(watch, "left")
                 return
             except ResumptionGapError as error:
                 if pending is not None:
@@ -158,7 +181,9 @@ class Passthrough:
                     return
                 if tee.failed:
                     # The upstream broke mid-body: leave the client's response
-                    # unfinished, so that it breaks as it would have directly.
+                    # unfinished, so that it breaks as it would have directly
+                    # (a loss between proxy and server: the client half's).
+                    _ended(watch, "upstream")
                     return
                 if enforced and pending is not None:
                     # What was not parsed was not let through: fail closed.
@@ -169,7 +194,10 @@ class Passthrough:
                 _logger.warning("mcp-resumption-proxy: a response could not be observed",
                                 exc_info=False)
                 if not await rest_of(tee):
+                    _ended(watch, "upstream")
                     return
+            if tee.gone is not None and tee.gone():
+                _ended(watch, "left")  # read to its end, written to no one
             with contextlib.suppress(ClientGone):
                 await out.finish()
         finally:
@@ -197,6 +225,8 @@ class Passthrough:
         self, response: httpx.Response, session: str | None, out: RequestBody,
         pending: enforce.Pending,
         ids: Any = None,
+        watch: Watch | None = None,
+        tee: Tee | None = None,
     ) -> None:
         downstream, ledger = self.downstream, self.ledger
         decided: list[BaseException] = []
@@ -207,6 +237,9 @@ class Passthrough:
             event_id = event.id
             await out.write(enforce.serialize(event, last))
             pending.answered(event.data)
+            if watch is not None and not (tee is not None and tee.gone is not None
+                                          and tee.gone()):
+                watch.seen(event.data)  # written already, to a client still there
             if event_id and event_id != last:
                 if downstream is not None:
                     downstream.forwarded(event_id, session, ids)
@@ -222,6 +255,24 @@ class Passthrough:
             # raise it into, so it is raised here, for the pending requests.
             raise error if isinstance(error, ResumptionGapError) else ResumptionGapError(
                 str(error))
+
+    async def _watched_events(
+        self, response: httpx.Response, session: str | None, ids: Any, watch: Watch, tee: Tee
+    ) -> None:
+        """``_events`` on a response that may answer a request of its client's
+        (a POST's, a resume's): each answer is noted with the tee's chunk
+        count, so that one parsed but never written to the client is told
+        apart from one that was."""
+        downstream = self.downstream
+        last = None
+        async for event in EventSource(response).aiter_sse():
+            event_id = event.id
+            if event_id and event_id != last and downstream is not None:
+                downstream.forwarded(event_id, session, ids)
+                if ids is not None:
+                    ids.last = event_id
+            last = event_id
+            watch.seen(event.data, tee.read)
 
     async def _events(
         self, response: httpx.Response, session: str | None, ids: Any = None

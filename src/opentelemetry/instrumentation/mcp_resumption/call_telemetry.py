@@ -34,6 +34,7 @@ class CallTelemetry:
 
     redaction: Redaction
     _broken: Any
+    _gaps: Any
     _lost_subscriptions: Any
     _reissues: Any
     _duplicate_runs: Any
@@ -92,6 +93,12 @@ class CallTelemetry:
             attributes[sc.SERVER_ADDRESS], attributes[sc.SERVER_PORT] = host, int(port)
         else:
             attributes[sc.SERVER_ADDRESS] = server
+        # A lost request is its orphaned_request gap, whoever claims it (the
+        # alerts read the gap counter); counted before its fate, so that a
+        # reader who sees the fate sees its gap.
+        gap = {**attributes, sc.GAP_KIND: LOST}
+        del gap[sc.REQUEST_FATE]
+        self._gaps.add(1, gap)
         self._broken.add(1, attributes)
         # Read first by a user: the lost call's line, and in the exit summary.
         verdicts.gap(server, LOST)

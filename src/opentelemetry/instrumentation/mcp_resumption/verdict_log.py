@@ -138,8 +138,22 @@ class VerdictLog:
         self._servers: dict[str, _Server] = {}
         self._budget = LogBudget(MAX_SERVERS * 4)
         self._mode: str | None = None
+        # A process with two legs (mcp-resumption-proxy) ends each line with
+        # the leg it is about: server -> words, None -> every other server.
+        self._legs: dict[str | None, str] = {}
 
     # -- settings
+
+    def set_leg(self, server: str | None, words: str) -> None:
+        """End every line about ``server`` (None: any server not set) with
+        ``words`` (the proxy's `` leg=... (between ...)``)."""
+        with self._lock:
+            if server is None or len(self._legs) < MAX_SERVERS:
+                self._legs[server] = words
+
+    def _leg(self, server: str) -> str:
+        legs = self._legs
+        return legs.get(server, legs.get(None, "")) if legs else ""
 
     def mode(self) -> str:
         if self._mode is None:
@@ -209,13 +223,14 @@ class VerdictLog:
         if line is not None and _enabled(level) and self._budget.take((outcome, server)):
             _write(
                 level,
-                "mcp-resumption verdict: %s server=%s transport=%s gaps=%s lost_calls=%d%s%s",
+                "mcp-resumption verdict: %s server=%s transport=%s gaps=%s lost_calls=%d%s%s%s",
                 outcome,
                 server,
                 transport,
                 ",".join(sorted(set(kinds))) or "-",
                 lost,
                 f" awaiting={awaiting}" if awaiting else "",
+                self._leg(server),
                 line,
             )
         if hint:
@@ -225,8 +240,9 @@ class VerdictLog:
                 "ids are opaque (no counter the plugin can order them by, e.g. UUIDs). To make "
                 "them provable, wrap the server's event store in ProvableEventStore "
                 "(opentelemetry.instrumentation.mcp_resumption.server), or declare the ids' "
-                "scheme in OTEL_PYTHON_MCP_RESUMPTION_EVENT_ID_PATTERN",
+                "scheme in OTEL_PYTHON_MCP_RESUMPTION_EVENT_ID_PATTERN%s",
                 server,
+                self._leg(server),
             )
 
     def finding(self, server: str, kind: str, line: str, *args: object) -> None:
@@ -240,6 +256,10 @@ class VerdictLog:
             with self._lock:
                 tally.findings[kind] += 1
         if _enabled(logging.WARNING) and self._budget.take((kind or line, server)):
+            leg = self._leg(server)
+            if leg:
+                # Next to the server's name (the line's first argument).
+                line = line.replace("server=%s", "server=%s" + leg.replace("%", "%%"), 1)
             _write(logging.WARNING, line, *args)
 
     def task(self, server: str, fate: str) -> None:
@@ -296,6 +316,7 @@ class VerdictLog:
                     if tasks
                     else ""
                 )
+                + self._leg(name)
             )
             bad = (
                 bool(gaps)
@@ -316,6 +337,7 @@ class VerdictLog:
         """Forget the tally (tests)."""
         with self._lock:
             self._servers.clear()
+            self._legs.clear()
         self._budget = LogBudget(MAX_SERVERS * 4)
         self._mode = None
 
