@@ -54,6 +54,11 @@ class Proxy:
         # ``script``: the venv's console script, as a supervisor runs it.
         program = ([str(Path(sys.executable).parent / "mcp-resumption-proxy")] if script
                    else [sys.executable, "-m", "mcp_resumption_proxy"])
+        if "--drain" not in args:
+            # A test's streams get what uvicorn's graceful shutdown gave them
+            # before --drain existed, not the 10 s default: stop_process kills
+            # a child still running after 10 s.
+            args = (*args, "--drain", "2")
         command = [*program, "--upstream", upstream, *args]
         if otel_instrument:
             command = [str(Path(sys.executable).parent / "opentelemetry-instrument"), *command]

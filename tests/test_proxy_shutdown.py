@@ -208,7 +208,6 @@ def test_sigterm_mid_call_refuses_new_clients_drains_cuts_and_exits_0_quietly(cu
     assert "mcp-resumption summary:" in proxy.stderr, proxy.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="needs the client-leg loss count (p1)")
 def test_the_call_the_drain_cut_is_counted_lost_on_the_client_leg(cut) -> None:
     seen = cut
     proxy = seen.stack.proxy
