@@ -80,6 +80,8 @@ def test_the_typescript_client_s_call_cut_before_its_answer_is_lost_on_the_clien
                 [node, str(TS_CALL), running.url, "work", json.dumps({"text": "x"}), "60000"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             try:
+                # The client's progress line: it read its stream up to the cut.
+                seen = await asyncio.to_thread(client.stdout.readline)
                 await cut
                 await wait_for_text(running.proxy, "mcp-resumption lost call")
             finally:
@@ -89,7 +91,7 @@ def test_the_typescript_client_s_call_cut_before_its_answer_is_lost_on_the_clien
                 output, _ = client.communicate(timeout=10)
             await running.upstream_router.wait_for(lambda xs: all(
                 e.finished.is_set() for e in xs))
-        return running, output.splitlines()
+        return running, (seen + output).splitlines()
 
     running, output = asyncio.run(scenario())
     assert {"progress": 1} in [json.loads(line) for line in output], output

@@ -81,6 +81,8 @@ def test_a_typescript_call_cut_before_its_answer_is_undelivered_and_work_for_nob
         async with Stack(telemetry, cut="x") as stack:
             client = ts_call(node, stack.url, "x")
             try:
+                # The client's progress line: it read its stream up to the cut.
+                seen = await asyncio.to_thread(client.stdout.readline)
                 await asyncio.to_thread(_wait, lambda: stack.handlers.saw("finished", "x"))
                 # The handler's answer is written just after its return: its
                 # fate is counted then (a bound, not a pause; the asserts judge).
@@ -88,7 +90,7 @@ def test_a_typescript_call_cut_before_its_answer_is_undelivered_and_work_for_nob
             finally:
                 client.kill()  # before its own timeout would cancel the call
                 output, _ = await asyncio.to_thread(client.communicate, timeout=10)
-            return stack, output
+            return stack, seen + output
 
     with caplog.at_level(logging.INFO, "opentelemetry.instrumentation.mcp_resumption.server"):
         stack, output = asyncio.run(scenario())
