@@ -91,6 +91,10 @@ class TaskReports:
 
     def _after_fork(self) -> None:
         self._tasks_lock = threading.Lock()
+        # The child's store starts over (its writer thread, its queue): it
+        # looks at the fleet's handed tasks again, and asks afresh.
+        self._fleet_swept = False
+        self._adopting = {}
 
     # ------------------------------------------------------------ facts in
 
