@@ -228,3 +228,39 @@ def test_redis_down_at_the_exit_counts_the_task_abandoned_there(fleet_of, redis_
     assert fallbacks.get("write", 0) >= 1, fallbacks
     assert exit_took < 2.0, exit_took
     assert task_keys(redis_server) == ([], 0)
+
+
+def test_a_task_followed_where_it_was_handed_out_costs_redis_no_task_write(
+    fleet_of, redis_server, telemetry
+):
+    """The common case: the process that got the handle follows the task to
+    its end.  Redis sees one look at the fleet's index (the first answer)
+    and nothing of the task: no record, no take."""
+    redis_server.client().flushall()
+    redis_server.client().config_resetstat()
+    fleet = fleet_of()
+    fleet.server.release.set()
+
+    async def scenario():
+        from fastmcp import Client
+
+        await fleet.router.start()
+        try:
+            async with Client(fleet.url) as client:
+                return await client.call_tool("gated", {"n": 1})
+        finally:
+            await fleet.router.close()
+
+    with telemetry.instrumented(
+        state=redis_server.url, state_key=FLEET_KEY, confirm_timeout=CONFIRM
+    ):
+        result = asyncio.run(scenario())
+    assert result.data == "gated 1"
+    assert fleet.router.answer(fleet.router.of("tasks/get")[-1])["result"]["status"] == "completed"
+    assert telemetry.counts(TASKS, FATE).get("completed") == 1
+    stats = redis_server.client().info("commandstats")
+    assert "cmdstat_hscan" in stats  # the look at the index
+    # A take reads and deletes (GET, DEL, counted inside its script too);
+    # nothing else of the plugin's does.
+    assert not {"cmdstat_get", "cmdstat_del"} & set(stats), stats
+    assert task_keys(redis_server) == ([], 0)
