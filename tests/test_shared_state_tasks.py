@@ -172,6 +172,11 @@ def test_redis_down_the_hand_over_and_the_take_fall_back_bounded_and_counted(fre
     assert not outcome.written(HAND_OVER_WAIT)  # the exit counts them itself
     assert time.monotonic() - started < HAND_OVER_WAIT + 0.5
     assert take(shared, "task-before") is None  # not followed, as without shared state
+    # A sweep Redis cannot make is tried again after the cooldown, not at once
+    # (the writer thread would spin on a due sweep while the breaker is open).
+    shared.sweep_tasks()
+    assert shared.flush()
+    assert shared._task_sweep_at is not None and shared._task_sweep_at > time.monotonic()
     assert ("write", "connection") in fallbacks or ("write", "timeout") in fallbacks
     assert {reason for _, reason in fallbacks} <= {"connection", "timeout", "breaker_open"}
     fresh.start()

@@ -300,10 +300,16 @@ class RedisStore(RedisLink, InFlightLedger, TaskHandover):
         tasks_sweep = any(isinstance(op, tuple) and op[0] == "tasks_sweep" for op in batch)
         if self._task_sweep_at is not None and self._task_sweep_at <= now:
             tasks_sweep = True
+        if tasks_sweep:
+            # Taken off the schedule now: a sweep Redis cannot make is tried
+            # again after the breaker's cooldown, never in a busy loop.
+            self._task_sweep_at = None
         takes = [op for op in batch if isinstance(op, tuple) and op[0] == "take"]
         handed = [op[2] for op in batch if isinstance(op, tuple) and op[0] == "tasks"]
         if not self._allowed("write"):
             self._tasks_failed(takes, handed)
+            if tasks_sweep:
+                self._task_sweep_at = now + self._breaker.cooldown
             return  # dropped: this process's memory still holds them
         try:
             pipe = self._client.pipeline(transaction=False)
@@ -345,6 +351,8 @@ class RedisStore(RedisLink, InFlightLedger, TaskHandover):
                 self._sweep_tasks()
         except Exception as error:  # any fault of the store: memory goes on
             self._tasks_failed(takes, handed)
+            if tasks_sweep:
+                self._task_sweep_at = now + self._breaker.cooldown
             self._failed("write", error)
             return
         self._succeeded()
