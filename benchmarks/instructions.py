@@ -86,7 +86,7 @@ NO_OPERATION = "ours, no operation metric"
 STATE = "ours, state"
 STATE_VARIABLE = "MCP_RESUMPTION_BENCH_STATE"
 STATE_KEY = b"benchmark key"
-STATE_ROWS = ("httpx-sse sync", "POST→sse")
+STATE_ROWS = ("httpx-sse sync", "POST→sse", "tasks/get→json")
 RESUME_ROW = "resume"
 
 # row -> (python, unit, configurations, (small N, large N), quick Ns)

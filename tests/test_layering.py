@@ -62,6 +62,8 @@ ABOVE = {
     "subscriptions": {"fates", "tracker", *ROOMS, *UPPER},
     # The task ledger (issue 37): a room of its own, beside the tracker, not in it.
     "tasks": {"fates", "subscriptions", "tracker", *ROOMS, *UPPER},
+    # A task handed to the fleet: below the task ledger, importing nothing of ours.
+    "task_handover": {"tasks", "fates", "subscriptions", "tracker", *ROOMS, *UPPER},
     **{room: {"tracker", *_rooms_after(room), *UPPER} for room in ROOMS},
     "tracker": set(UPPER),
     # The shared state's record: below the tracker, above nothing of the core.
@@ -70,9 +72,13 @@ ABOVE = {
     # owner hands it a callback to count its fallbacks).
     "redis_state": {"tracker", *ROOMS, *UPPER},
     "redis_ledger": {"redis_state", "tracker", *ROOMS, *UPPER},
+    # The tasks handed to the fleet, in Redis: beside the in-flight ledger.
+    "redis_tasks": {"redis_state", "redis_ledger", "tasks", "tracker", *ROOMS, *UPPER},
     # The store's link to Redis (connection, breaker, writer thread): below
     # both the records and the ledger it carries.
-    "redis_link": {"redis_state", "redis_ledger", "tracker", *ROOMS, *UPPER},
+    "redis_link": {
+        "redis_state", "redis_ledger", "redis_tasks", "tracker", *ROOMS, *UPPER,
+    },
     "facts": {"redaction", "deadlines", *SINK, "monitor", "processor", "patches", *OWNER_PARTS},
     "redaction": {"deadlines", *SINK, "monitor", "processor", "patches", *OWNER_PARTS},
     "deadlines": {*SINK, "monitor", "processor", "patches", *OWNER_PARTS},
@@ -108,8 +114,8 @@ ABOVE = {
 # The pure core: the rules, the ledgers and the tracker with its rooms import
 # the standard library and each other only (no OpenTelemetry, no HTTP client).
 PURE = (
-    "errors", *RULES, "fates", "subscriptions", "tasks", "jsonrpc", "forks", "shared_state",
-    *ROOMS, "tracker",
+    "errors", *RULES, "fates", "subscriptions", "tasks", "task_handover", "jsonrpc", "forks",
+    "shared_state", *ROOMS, "tracker",
 )
 
 

@@ -128,3 +128,44 @@ def test_the_open_tasks_are_bounded_and_the_dropped_counted():
         handed(ledger, task_id=task_id)
     assert len(ledger) == 2 and ledger.dropped == 1
     assert {e.task_id for e in ledger.stop_waiting()} == {"b", "c"}
+
+
+def handed_over(ttl_ms=1000, wall=1000.0, last_seen=None):
+    """A task handed out in one ledger (one process), polled, then handed to
+    the fleet at its exit, decoded as the next process reads it."""
+    from opentelemetry.instrumentation.mcp_resumption.task_handover import HandedTask
+
+    first = TaskLedger()
+    handed(first, ttl_ms=ttl_ms, created=wall, wall=wall)
+    if last_seen is not None:
+        working = {"result": {"taskId": "t1", "status": "working"}}
+        assert get(first, "t1", working, wall=last_seen) == []
+    ended, handed_list = first.hand_over()
+    assert ended == [] and len(first) == 0
+    ((server, task_id, facts, abandoned),) = handed_list
+    assert (server, task_id) == (S, "t1") and abandoned.fate is Fate.ABANDONED
+    return HandedTask.decode(facts.encode())
+
+
+def test_a_task_handed_over_is_followed_with_the_first_process_s_ttl_facts():
+    """The next process tells lost from expired with the TTL and the last
+    moment alive the first process saw, names the first process's tool, and
+    adds up the polls."""
+    for not_found_at, fate in ((1006.5, Fate.LOST), (1007.0, Fate.EXPIRED)):
+        facts = handed_over(ttl_ms=2000, last_seen=1005.0)
+        assert facts.tool == "crunch" and facts.polls == 1
+        second = TaskLedger()
+        assert not second.follows(S, "t1")
+        second.adopt(S, "t1", facts, tag="here", polls=1)
+        (ended,) = get(second, "t1", NOT_FOUND, wall=not_found_at)
+        assert (ended.fate, ended.tool, ended.polls, ended.tag) == (fate, "crunch", 3, "here")
+
+
+def test_a_2025_11_25_task_whose_completed_status_was_seen_is_not_handed_over():
+    ledger = TaskLedger()
+    call = ledger.sent(S, "1", "tools/call", {"name": "slow", "task": {"ttl": 1000}})
+    handle = {"task": {"taskId": "t1", "status": "working", "ttl": 1000}}
+    assert ledger.answered(call, {"id": 1, "result": handle}, wall=1000.0) == []
+    assert get(ledger, "t1", {"result": {"taskId": "t1", "status": "completed"}}, 1000.1) == []
+    ended, handed_list = ledger.hand_over()
+    assert [e.fate for e in ended] == [Fate.COMPLETED] and handed_list == []

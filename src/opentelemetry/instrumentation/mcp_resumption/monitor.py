@@ -88,6 +88,7 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels, Ta
                 self.settings,
                 lambda op, why: self.telemetry.state_fallback(op, why),
                 lambda *lost: self.telemetry.lost_elsewhere(*lost),
+                lambda *handed: self.task_abandoned_elsewhere(*handed),
             ),
         )
         # enabled: the checks run (False once shut down); active: the
@@ -217,6 +218,7 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels, Ta
                 return candidate
             return None
         self.server_seen(facts.host, facts.port)
+        self.fleet_seen()
         if facts.tasks and status == 404 and facts.session_id:
             self.session_gone(facts)  # a 2025-11-25 server's tasks went with it
         if resume is None and facts.last_event_id is not None:

@@ -60,7 +60,9 @@ from .redis_link import (
     TIMEOUT,
     RedisLink,
 )
+from .redis_tasks import TaskHandover
 from .shared_state import MEMORY, SharedRecord, Store, keyed_hash
+from .task_handover import HandedTask
 
 __all__ = [
     "BATCH", "COOLDOWN", "IN_FLIGHT_DELAY", "KEY_PREFIX", "LEASE", "OPERATIONS",
@@ -102,12 +104,14 @@ def state_store(
     settings: config.Settings,
     on_fallback: Callable[[str, str], None],
     on_lost: Callable[[str, str, str], None] | None = None,
+    on_abandoned: Callable[[str, HandedTask], None] | None = None,
 ) -> Store:
     """The store the settings ask for: memory unless a usable Redis URL and
     a shared key are given (one warning, then memory, if not).
     ``on_fallback(operation, reason)``: an operation fell back to memory;
     ``on_lost(server, transport, method)``: a dead process's request was
-    claimed here, lost."""
+    claimed here, lost; ``on_abandoned(task hash, facts)``: a task handed to
+    the fleet that nobody followed was taken here, abandoned."""
     url = settings.state
     if url is None:
         return MEMORY
@@ -120,6 +124,8 @@ def state_store(
     options: dict[str, Any] = {"lease": max(1.0, settings.confirm_timeout)}
     if on_lost is not None:
         options["on_lost"] = on_lost
+    if on_abandoned is not None:
+        options["on_abandoned"] = on_abandoned
     store, why = open_store(url, settings.state_key, on_fallback, **options)
     if store is None:
         config.warn_state(url, why or "unknown")
@@ -144,10 +150,11 @@ def open_store(
     return RedisStore(url, key, on_fallback, **options), None
 
 
-class RedisStore(RedisLink, InFlightLedger):
+class RedisStore(RedisLink, InFlightLedger, TaskHandover):
     """Records shared through one Redis; see the module docstring (its
     connection, breaker and writer thread: ``RedisLink``; its in-flight
-    ledger: ``InFlightLedger``)."""
+    ledger: ``InFlightLedger``; the tasks handed to the fleet:
+    ``TaskHandover``)."""
 
     shared = True
 
@@ -163,8 +170,10 @@ class RedisStore(RedisLink, InFlightLedger):
         lease: float = LEASE,
         in_flight_delay: float = IN_FLIGHT_DELAY,
         on_lost: Callable[[str, str, str], None] = lambda server, transport, method: None,
+        on_abandoned: Callable[[str, HandedTask], None] = lambda task, facts: None,
     ) -> None:
         super().__init__(url, key, on_fallback, timeout=timeout, cooldown=cooldown)
+        self._init_tasks(on_abandoned)
         self._save_script = self._client.register_script(_SAVE)
         self._session_hashes: dict[str, str] = {}
         # Cursor -> the hash of the id a proxy's record is under (``alias``).
@@ -273,6 +282,8 @@ class RedisStore(RedisLink, InFlightLedger):
         held entries, renew its lease, or sweep a server again; None: never."""
         now = time.monotonic()
         times = list(self._sweeps.values())
+        if self._task_sweep_at is not None:
+            times.append(self._task_sweep_at)
         if self._held:
             times.append(min(when for when, _ in self._held.values()))
         if self._mine:
@@ -286,7 +297,19 @@ class RedisStore(RedisLink, InFlightLedger):
             if when <= now:
                 del self._sweeps[server]
                 sweeps.append(server)
+        tasks_sweep = any(isinstance(op, tuple) and op[0] == "tasks_sweep" for op in batch)
+        if self._task_sweep_at is not None and self._task_sweep_at <= now:
+            tasks_sweep = True
+        if tasks_sweep:
+            # Taken off the schedule now: a sweep Redis cannot make is tried
+            # again after the breaker's cooldown, never in a busy loop.
+            self._task_sweep_at = None
+        takes = [op for op in batch if isinstance(op, tuple) and op[0] == "take"]
+        handed = [op[2] for op in batch if isinstance(op, tuple) and op[0] == "tasks"]
         if not self._allowed("write"):
+            self._tasks_failed(takes, handed)
+            if tasks_sweep:
+                self._task_sweep_at = now + self._breaker.cooldown
             return  # dropped: this process's memory still holds them
         try:
             pipe = self._client.pipeline(transaction=False)
@@ -311,18 +334,38 @@ class RedisStore(RedisLink, InFlightLedger):
                     self._write_held(pipe, everything=True)
                 elif item[0] == "call":
                     item[1](pipe)  # the proxy's own writes (``submit``)
-                elif item[0] != "sweep":
+                elif item[0] == "tasks":
+                    self._hand_over_ops(pipe, item)
+                elif item[0] not in ("sweep", "take", "tasks_sweep"):
                     self._ledger_ops(pipe, item)
             self._write_held(pipe)
             self._renew_lease(pipe)
             self.writes += 1
             pipe.execute()
+            for outcome in handed:
+                outcome.settle(True)
+            self._takes(takes)
             for server in dict.fromkeys(sweeps):
                 self._sweep(server)
+            if tasks_sweep:
+                self._sweep_tasks()
         except Exception as error:  # any fault of the store: memory goes on
+            self._tasks_failed(takes, handed)
+            if tasks_sweep:
+                self._task_sweep_at = now + self._breaker.cooldown
             self._failed("write", error)
             return
         self._succeeded()
+
+    @staticmethod
+    def _tasks_failed(takes: list[tuple], handed: list[Any]) -> None:
+        """Redis failed: the exit counts its tasks itself, and a follower
+        does not follow a task it could not take."""
+        for outcome in handed:
+            outcome.settle(False)
+        for take in takes:
+            take[3](None)
+        takes.clear()
 
     def flush(self, timeout: float = 1.0, held: bool = False) -> bool:
         """Wait until every queued record is written (or dropped), at most
@@ -335,6 +378,7 @@ class RedisStore(RedisLink, InFlightLedger):
     def _forked(self) -> None:
         self._held.clear()
         self._mine.clear()
+        self._task_sweep_at = None
 
     def _closing(self) -> None:
         # This process's entries out of the in-flight ledgers (a clean exit

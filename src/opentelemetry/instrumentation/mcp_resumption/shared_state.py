@@ -328,6 +328,12 @@ class Store(Protocol):
 
     def fates_elsewhere(self, requests: list[tuple[str, str | None, str]]) -> Iterable[int]: ...
 
+    def hand_over(self, tasks: list[tuple[str, str, Any]]) -> Any: ...
+
+    def adopt(self, server: str, task_id: str, taken: Callable[[Any], None]) -> None: ...
+
+    def sweep_tasks(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -367,6 +373,16 @@ class MemoryStore:
 
     def fates_elsewhere(self, requests: list[tuple[str, str | None, str]]) -> Iterable[int]:
         return ()
+
+    # Tasks are handed to no one here: the exit counts them abandoned itself.
+    def hand_over(self, tasks: list[tuple[str, str, Any]]) -> Any:
+        return None
+
+    def adopt(self, server: str, task_id: str, taken: Callable[[Any], None]) -> None:
+        taken(None)
+
+    def sweep_tasks(self) -> None:
+        return None
 
     def close(self) -> None:
         return None

@@ -13,25 +13,40 @@ whose body names a task method (or a ``tools/call`` that opted into tasks,
 ``server/discover``, a ``tools/list``) are parsed here, and only their
 answers are read: an SSE event is looked at only on the stream of such a
 request (``facts.tasks``), so the other events cost nothing.
+
+With shared state (``OTEL_PYTHON_MCP_RESUMPTION_STATE``) the process's open
+tasks are handed to the fleet when it stops following them (its exit), not
+counted ``abandoned`` here: a process that polls such a task later (a
+restarted client that kept its task ids) takes it over and follows it to its
+fate, with the facts the first process saw; one that finds it due, nobody
+having followed it, counts it ``abandoned`` (``redis_tasks``: once for the
+fleet).  Each take is queued for the store's writer thread: no Redis call
+here, and a follower's answers that come before its take are held (bounded)
+and read once it is known whose task it is.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from functools import partial
 from typing import TYPE_CHECKING
 
 from . import semconv as sc
 from .facts import transport_of
 from .forks import renew_after_fork
 from .jsonrpc import loads, request_key
-from .tasks import EXTENSION, Ended, TaskLedger, TaskRequest
+from .redis_tasks import HAND_OVER_WAIT
+from .tasks import EXTENSION, Ended, Fate, TaskLedger, TaskRequest
 
 if TYPE_CHECKING:  # annotations only
     from collections.abc import Callable
 
     from .facts import RequestFacts, StreamContext
     from .fates import Decided
+    from .task_handover import HandedTask
     from .telemetry import TelemetrySink
+    from .tracker import Tracker
 
 __all__ = ["TaskReports", "follows_tasks"]
 
@@ -43,6 +58,10 @@ _DISCOVER = b'"server/discover"'
 _TOOLS_LIST = b'"tools/list"'
 # Answers at most this long are parsed (a completed task inlines its result).
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
+# Tasks of other processes asked of the fleet (then forgotten, and asked
+# again), and the answers held per task until its take is known.
+MAX_ADOPTING = 1024
+MAX_PARKED = 16
 
 
 def follows_tasks(body: bytes) -> bool:
@@ -57,15 +76,25 @@ class TaskReports:
     """Feeds the task ledger and reports the fates it decides."""
 
     telemetry: TelemetrySink
+    tracker: Tracker
     enabled: bool
 
     def _init_tasks(self, max_tasks: int) -> None:
         self.task_ledger = TaskLedger(max_tasks)
         self._tasks_lock = threading.Lock()
+        # (server, task id) -> [tasks/get sent, answers held, tag]: a task of
+        # another process being taken from the fleet; and those asked once.
+        self._adopting: dict[tuple[str, str], list] = {}
+        self._asked: dict[tuple[str, str], None] = {}
+        self._fleet_swept = False
         renew_after_fork(self)
 
     def _after_fork(self) -> None:
         self._tasks_lock = threading.Lock()
+        # The child's store starts over (its writer thread, its queue): it
+        # looks at the fleet's handed tasks again, and asks afresh.
+        self._fleet_swept = False
+        self._adopting = {}
 
     # ------------------------------------------------------------ facts in
 
@@ -84,6 +113,8 @@ class TaskReports:
         transport = transport_of(facts, None)
         tag = (transport, facts.host, facts.port)
         found: dict[str, TaskRequest] = {}
+        shared = self.tracker.store.shared
+        adopt: list[tuple[str, str]] = []
         with self._tasks_lock:
             for message in messages:
                 if not isinstance(message, dict) or not isinstance(message.get("method"), str):
@@ -100,6 +131,8 @@ class TaskReports:
                 found[key] = request
                 if request.form is not None and request.tool:
                     self.telemetry.task_tool_seen(transport, facts.host, facts.port, request.tool)
+                if shared and request.task_id is not None and self._foreign(request):
+                    adopt.append((request.server, request.task_id))
                 if (
                     method.startswith("tasks/")
                     and transport == sc.TRANSPORT_STREAMABLE_HTTP
@@ -108,6 +141,88 @@ class TaskReports:
                     self.telemetry.task_unroutable(transport, facts.host, facts.port)
         if found:
             facts.tasks = found
+        for task in adopt:
+            self.tracker.store.adopt(*task, partial(self._task_taken, task))
+
+    def _foreign(self, request: TaskRequest) -> bool:
+        """A tasks/* request for a task not followed here (under the lock):
+        True the first time, to ask the fleet for it; a tasks/get while it
+        is asked for is counted as its poll."""
+        task = (request.server, request.task_id or "")
+        if self.task_ledger.follows(*task):
+            return False
+        adoption = self._adopting.get(task)
+        if adoption is not None:
+            adoption[0] += request.method == "tasks/get"
+            return False
+        if task in self._asked or len(self._adopting) >= MAX_ADOPTING:
+            return False
+        if len(self._asked) >= MAX_ADOPTING:
+            self._asked.clear()
+        self._asked[task] = None
+        self._adopting[task] = [int(request.method == "tasks/get"), [], request.tag]
+        return True
+
+    def _held_for_adoption(self, request: TaskRequest, message: dict | None) -> bool:
+        """An answer (None: "the session is gone") to a request for a task
+        being taken from the fleet: held until the take is known (under the
+        lock)."""
+        if request.task_id is None or not self._adopting:
+            return False
+        adoption = self._adopting.get((request.server, request.task_id))
+        if adoption is None:
+            return False
+        if len(adoption[1]) < MAX_PARKED:
+            adoption[1].append((request, message, time.time()))
+        return True
+
+    def _task_taken(self, task: tuple[str, str], facts: HandedTask | None) -> None:
+        """The fleet's answer to a take (the store's writer thread): the
+        task another process handed over, followed here from now on, with
+        the answers held for it; None: nobody handed it over (or Redis
+        failed): not followed, as without shared state."""
+        ended: list[Ended] = []
+        with self._tasks_lock:
+            adoption = self._adopting.pop(task, None)
+            if adoption is None or facts is None:
+                return
+            polls, held, tag = adoption
+            self.task_ledger.adopt(*task, facts, tag, polls)
+            for request, message, wall in held:
+                if message is None:
+                    ended += self.task_ledger.gone(request, wall)
+                else:
+                    ended += self.task_ledger.answered(request, message, wall)
+        self._tasks_ended(ended)
+
+    def task_abandoned_elsewhere(self, task_hash: str, facts: HandedTask) -> None:
+        """A task another process handed to the fleet, which nobody followed
+        in time, taken here (the store's writer thread): abandoned, counted
+        once for the fleet, under the server and tool the first process saw."""
+        if facts.tag is None:
+            return
+        ended = Ended(
+            Fate.ABANDONED,
+            "",
+            None,
+            facts.tool,
+            facts.form,
+            max(0.0, time.time() - facts.received_wall),
+            facts.polls,
+            tag=facts.tag,
+            task_hash=task_hash,
+        )
+        self._tasks_ended([ended])
+
+    def fleet_seen(self) -> None:
+        """An MCP server answered: the first time, with shared state, the
+        fleet's handed tasks are looked at (queued) for any nobody followed."""
+        if self._fleet_swept:
+            return
+        self._fleet_swept = True
+        store = self.tracker.store
+        if store.shared:
+            store.sweep_tasks()
 
     def tasks_answered(self, facts: RequestFacts, answer: bytes | str) -> None:
         """A JSON answer, or an SSE event's data, on the answer of a request
@@ -140,7 +255,7 @@ class TaskReports:
                         ended += self.task_ledger.notified(facts.server, message.get("params"))
                     continue
                 request = facts.tasks.pop(request_key(message.get("id")) or "", None)
-                if request is not None:
+                if request is not None and not self._held_for_adoption(request, message):
                     ended += self.task_ledger.answered(request, message)
         self._tasks_ended(ended)
 
@@ -166,6 +281,9 @@ class TaskReports:
         ended: list[Ended] = []
         with self._tasks_lock:
             for request in requests.values():
+                gone = decide is TaskLedger.gone
+                if gone and self._held_for_adoption(request, None):
+                    continue
                 ended += decide(self.task_ledger, request)
         self._tasks_ended(ended)
 
@@ -198,9 +316,22 @@ class TaskReports:
         return True
 
     def tasks_stop_waiting(self) -> None:
-        """The client stops following every task (the process exits)."""
+        """The client stops following every task (the process exits): those
+        not ended are abandoned; with shared state they are handed to the
+        fleet instead (bounded: if they are not written within
+        ``HAND_OVER_WAIT``, they are abandoned here, as without it)."""
+        store = self.tracker.store
+        handed: list = []
         with self._tasks_lock:
-            ended = self.task_ledger.stop_waiting()
+            self._adopting.clear()
+            if store.shared:
+                ended, handed = self.task_ledger.hand_over()
+            else:
+                ended = self.task_ledger.stop_waiting()
+        if handed:
+            outcome = store.hand_over([(server, task, facts) for server, task, facts, _ in handed])
+            if outcome is None or not outcome.written(HAND_OVER_WAIT):
+                ended += [abandoned for *_, abandoned in handed]
         self._tasks_ended(ended)
 
     def task_given_up(self, server: str, task_id: str) -> None:

@@ -105,7 +105,8 @@ class TaskTelemetry:
             self._task_polls.record(ended.polls, attributes)
         server = server_name(host, port)
         verdicts.task(server, ended.fate.value)
-        task = self.redaction.task_id(ended.task_id) if ended.task_id else "-"
+        # A handed task decided by its hash alone: the fleet's key, the same hash.
+        task = self.redaction.task_id(ended.task_id) if ended.task_id else ended.task_hash or "-"
         tool = ended.tool[:MAX_TOOL_NAME] if ended.tool else "-"
         if ended.fate in _ADVICE:
             advice = _ADVICE[ended.fate]

@@ -76,6 +76,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .task_handover import HandedTask
+
 __all__ = [
     "EXTENSION",
     "LOSSES",
@@ -160,6 +162,9 @@ class Ended:
     polls: int
     cancel_ignored: bool = False
     tag: Any = None
+    # The keyed hash of the task id, where only it is known (a task another
+    # process handed to the fleet, decided without its id).
+    task_hash: str | None = None
 
 
 @dataclass
@@ -319,6 +324,67 @@ class TaskLedger:
             for task in list(self._open.values())
         ]
         return ended
+
+    def hand_over(self) -> tuple[list[Ended], list[tuple[str, str, HandedTask, Ended]]]:
+        """The client stops following every task, with a fleet to hand them
+        to (shared state): a 2025-11-25 task whose completed status was seen
+        is completed (the first list); every other open task is handed over
+        (the second: its server, id, what the next follower needs, and the
+        ``abandoned`` fate to count here if the hand-over fails)."""
+        ended: list[Ended] = []
+        handed: list[tuple[str, str, HandedTask, Ended]] = []
+        now = time.time()
+        for task in list(self._open.values()):
+            if task.result_due:
+                ended.append(self._end(task, Fate.COMPLETED))
+                continue
+            received = now - max(0.0, time.monotonic() - task.received)
+            facts = HandedTask(
+                tool=task.tool,
+                form=task.form,
+                alive_wall=task.alive_wall,
+                ttl_s=task.ttl_s,
+                received_wall=received,
+                polls=task.polls,
+                cancel_acked=task.cancel_acked,
+                status=task.status,
+                tag=task.tag,
+                handed_at=now,
+            )
+            handed.append((task.server, task.task_id, facts, self._end(task, Fate.ABANDONED)))
+        return ended, handed
+
+    def follows(self, server: str, task_id: str) -> bool:
+        """Whether the task is open here."""
+        return (server, task_id) in self._open
+
+    def adopt(
+        self, server: str, task_id: str, facts: HandedTask, tag: Any, polls: int = 0
+    ) -> None:
+        """A task another process handed to the fleet, followed here from now
+        on, with the facts it saw (its tool, TTL and last moment alive: lost
+        and expired are told apart as there); ``polls``: the tasks/get sent
+        here before it was adopted."""
+        if (server, task_id) in self._open:
+            return
+        age = max(0.0, time.time() - facts.received_wall)
+        task = _Task(
+            server,
+            task_id,
+            facts.tool,
+            facts.form,
+            tag,
+            time.monotonic() - age,
+            facts.alive_wall,
+            facts.ttl_s,
+            polls=facts.polls + polls,
+            cancel_acked=facts.cancel_acked,
+            status=facts.status,
+        )
+        self._open[(server, task_id)] = task
+        while len(self._open) > self.max_tasks:
+            self._open.popitem(last=False)
+            self.dropped += 1
 
     def gave_up(self, server: str, task_id: str) -> Ended | None:
         """The application stopped waiting for one task without cancelling
