@@ -170,7 +170,9 @@ class ScrapedDemo:
             args, stdout=subprocess.PIPE, stderr=self._stderr, text=True
         )
         self.rows: list[dict] = json.loads(self._read_json())
-        assert all(row["pass"] for row in self.rows), self.rows
+        # A row that cannot run here (the task rows without fastmcp-tasks, the
+        # server-alone rows on mcp 1.x) says skipped: every other one passes.
+        assert all(row["pass"] or row.get("skipped") for row in self.rows), self.rows
 
     def _read_json(self) -> str:
         assert self.process.stdout is not None

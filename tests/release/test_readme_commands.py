@@ -43,7 +43,7 @@ DOCS = [
 ]
 
 DEMO = (
-    "python3 -m venv .venv && .venv/bin/pip install -q . ./demo ./proxy "
+    "python3 -m venv .venv && .venv/bin/pip install -q . \"./demo[tasks]\" ./proxy "
     "&& .venv/bin/mcp-resumption demo"
 )
 TESTS = "bash scripts/test"

@@ -265,35 +265,41 @@ async def _undelivered_read_only_server() -> ScenarioWire:
     return await _server_row("answer_undelivered_server", "lookup_held", sc.HINT_READ_ONLY)
 
 
-if MCP_MAJOR >= 2:
-    SCENARIOS = (
-        *SCENARIOS,
-        Scenario(
-            name="work_for_nobody_server",
-            happened=(
-                "Seen from the server alone. 2026-07-28 with JSON answers (mcp 2.x "
-                "json_response): a client nobody can instrument (a desktop host) calls the tool "
-                "hold and closes its connection while it runs. Nothing watches a JSON answer's "
-                "connection, so the tool runs to completion for nobody, and its answer is "
-                "written to a closed connection. The server half counts the answer undelivered "
-                "and the call as work done for nobody (hold declares no idempotentHint: a "
-                "WARNING says a re-issue runs it twice). No client verdict: the client is not "
-                "instrumented."
-            ),
-            expected_gaps=(),
-            expected_outcome=None,
-            run=_work_for_nobody_server,
+def _needs_2026_07_28() -> str | None:
+    """Why the server-alone rows cannot run here: mcp 1.x speaks no 2026-07-28."""
+    return None if MCP_MAJOR >= 2 else "needs mcp 2.x (2026-07-28 with JSON answers)"
+
+
+SCENARIOS = (
+    *SCENARIOS,
+    Scenario(
+        name="work_for_nobody_server",
+        happened=(
+            "Seen from the server alone. 2026-07-28 with JSON answers (mcp 2.x "
+            "json_response): a client nobody can instrument (a desktop host) calls the tool "
+            "hold and closes its connection while it runs. Nothing watches a JSON answer's "
+            "connection, so the tool runs to completion for nobody, and its answer is "
+            "written to a closed connection. The server half counts the answer undelivered "
+            "and the call as work done for nobody (hold declares no idempotentHint: a "
+            "WARNING says a re-issue runs it twice). No client verdict: the client is not "
+            "instrumented."
         ),
-        Scenario(
-            name="answer_undelivered_server",
-            happened=(
-                "As work_for_nobody_server, with a tool that declares readOnlyHint "
-                "(lookup_held): its answer is undelivered all the same, counted by the server "
-                "half; the run for nobody is counted with its hint (read_only) and not warned: "
-                "running it again is harmless."
-            ),
-            expected_gaps=(),
-            expected_outcome=None,
-            run=_undelivered_read_only_server,
+        expected_gaps=(),
+        expected_outcome=None,
+        run=_work_for_nobody_server,
+        prepare=_needs_2026_07_28,
+    ),
+    Scenario(
+        name="answer_undelivered_server",
+        happened=(
+            "As work_for_nobody_server, with a tool that declares readOnlyHint "
+            "(lookup_held): its answer is undelivered all the same, counted by the server "
+            "half; the run for nobody is counted with its hint (read_only) and not warned: "
+            "running it again is harmless."
         ),
-    )
+        expected_gaps=(),
+        expected_outcome=None,
+        run=_undelivered_read_only_server,
+        prepare=_needs_2026_07_28,
+    ),
+)
