@@ -210,6 +210,8 @@ def _server_verdicts(reader: InMemoryMetricReader) -> dict[str, int]:
     for resource in data.resource_metrics if data else ():
         for scope in resource.scope_metrics:
             for metric in scope.metrics:
+                if metric.name not in (sc.SERVER_DELIVERIES[0], sc.SERVER_WORK_FOR_NOBODY[0]):
+                    continue  # the server's other series (its operation histogram)
                 for point in metric.data.data_points:
                     if not point.value:
                         continue
