@@ -43,7 +43,8 @@ def demo_command() -> subprocess.CompletedProcess:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        # 32 rows now: about 70 s alone, over 120 s beside CI's two other lanes
+        timeout=300,
         check=False,
     )
 
