@@ -31,7 +31,10 @@ from opentelemetry.instrumentation.mcp_resumption.facts import RequestFacts
 
 ACCEPT = (b"accept", b"text/event-stream")
 # Protocol words that are not anyone's data (they also name methods in gap messages).
-NOT_DATA = {"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"}
+# Protocol words, not data: the revisions, and 2026-07-28's resultType
+# "complete" (inside the task fate "completed", which every server's task
+# series carry from 0).
+NOT_DATA = {"2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28", "complete"}
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:

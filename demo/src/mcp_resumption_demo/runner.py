@@ -382,9 +382,12 @@ def run(
     # The table is this command's readable verdict: the plugin's verdict
     # lines and exit summary (Python logging, WARNING for a gap) would only
     # repeat it on stderr, which carries the progress.
-    verdict_logger = logging.getLogger(VERDICT_LOGGER)
-    verdict_logger.addHandler(logging.NullHandler())
-    verdict_logger.propagate = False
+    # So would the server half's lines (a tool run for nobody) in the rows
+    # seen from the server alone.
+    for name in (VERDICT_LOGGER, "opentelemetry.instrumentation.mcp_resumption.server"):
+        quiet = logging.getLogger(name)
+        quiet.addHandler(logging.NullHandler())
+        quiet.propagate = False
     instrumentor = McpResumptionInstrumentor()
     instrumentor.instrument(
         tracer_provider=tracer_provider,
