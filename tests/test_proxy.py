@@ -59,12 +59,13 @@ def read(client: httpx.Client, method: str, url: str, headers, body: bytes):
 # ================================================================ the command
 
 
-def test_prints_the_client_url_first_and_starts_fast(raw) -> None:
+def test_prints_the_client_url_first(raw) -> None:
+    # How fast it starts is benchmarks/proxy.py's row "start", against a bare
+    # forwarder on the same stack: a timed bound here failed on a loaded machine.
     with proxy(raw.url + "/mcp?tenant=a") as running:
         host, port = running.origin.removeprefix("http://").split(":")
         assert host == "127.0.0.1" and int(port) > 0
         assert running.url == f"http://127.0.0.1:{port}/mcp?tenant=a"
-        assert running.started_in < 2.0, running.started_in
 
 
 def test_listen_takes_a_port(raw) -> None:
