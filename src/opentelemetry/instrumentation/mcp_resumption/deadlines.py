@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from .deferral import join_worker
 from .forks import renew_after_fork
 
 _logger = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class Deadlines:
             self._closed = True
             self._heap.clear()
             self._cv.notify()
+            thread = self._thread
+        join_worker(thread)
 
     def _run(self) -> None:
         while True:

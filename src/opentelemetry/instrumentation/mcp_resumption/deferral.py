@@ -88,6 +88,7 @@ class Deferred:
         self._closed = True
         self.run()
         self._wake.put(None)
+        join_worker(self._worker)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at the fork
@@ -97,3 +98,13 @@ class Deferred:
         while not self._closed:
             self._wake.get()
             self.run()
+
+
+def join_worker(worker: threading.Thread | None) -> None:
+    """Wait for a woken worker to end, so that an uninstrument leaves no thread
+    behind it; bounded, as a report it is making may wait on the SDK."""
+    if worker is not None and worker is not threading.current_thread():
+        worker.join(JOIN_SECONDS)
+
+
+JOIN_SECONDS = 2.0
