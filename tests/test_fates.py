@@ -158,3 +158,51 @@ def test_a_cancel_after_a_poll_ended_leaves_the_lineage_its_request():
     t.cancelling(SERVER, "s-1", "/mcp", cancel(5))
     assert t.lineage_ended(stream, "the client did not resume it").window
     assert fates(t.fates_due(0.0)) == [("5", "lost")]
+
+
+def test_a_resume_open_when_the_session_closes_does_not_lose_the_call_again():
+    """The client gives up and ends its session while a resume still holds
+    the broken call: the close decides it lost, once; the resume's end (the
+    server's 404 or an empty replay) does not break it anew (a CI run counted
+    it lost twice)."""
+    t = Tracker()
+    stream = post_stream(t, call(1), [("e-1", "")], session="s-1")
+    t.stream_ended(stream, "a read error (RemoteProtocolError)")
+    resumed = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="e-1")
+    closed = t.session_terminated(SERVER, "s-1")
+    assert fates(closed) == [("1", "lost")]
+    t.response(resumed, 404, None)
+    ended = t.stream_ended(resumed, "a read error (RemoteProtocolError)")
+    assert ended.broke == ()
+    assert fates(ended, t.lineage_ended(resumed, "late"), t.fates_due(0.0),
+                 t.all_lost("exit")) == []
+
+
+def test_a_resume_open_when_the_window_decides_does_not_lose_the_call_again():
+    """The call's reissue window ends (lost) while a later resume of its
+    lineage is open and ends empty: one fate."""
+    t = Tracker()
+    stream = post_stream(t, call(1), [("e-1", "")], session="s-1")
+    t.stream_ended(stream, "a read error (RemoteProtocolError)")
+    first = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="e-1")
+    t.response(first, 200, "s-1")
+    t.stream_ended(first, "the stream ended", clean=True)
+    t.lineage_ended(first, "the client did not resume the stream")
+    second = t.open_stream(SERVER, "streamable-http", session_id="s-1", last_event_id="e-1")
+    t.response(second, 200, "s-1")
+    decided = fates(t.fates_due(0.0))
+    ended = t.stream_ended(second, "the stream ended", clean=True)
+    later = fates(ended, t.lineage_ended(second, "late"), t.fates_due(0.0), t.all_lost("exit"))
+    assert decided + later == [("1", "lost")], (decided, later)
+
+
+def test_an_id_sent_again_after_its_fate_can_break_again():
+    """A client that reuses a request id after its fate sends a request of its
+    own: its break is a fate of its own."""
+    t = Tracker()
+    stream = post_stream(t, call(1), session="s-1")
+    t.stream_ended(stream, "a read error (ReadError)")
+    assert fates(t.fates_due(0.0)) == [("1", "lost")]
+    again = post_stream(t, call(1, query="other"), session="s-1")
+    t.stream_ended(again, "a read error (ReadError)")
+    assert fates(t.fates_due(0.0)) == [("1", "lost")]

@@ -146,6 +146,8 @@ class Breaks:
         session = stream.session
         if self.broken.entry(session, key) is not None:
             return  # broken before, on the stream this one resumed
+        if session.fated is not None and key in session.fated:
+            return  # decided while a resume held it: one fate
         broken = Broken(
             key, method, call, stream.server, session, stream.transport, broke=broke, tool=tool
         )
@@ -300,7 +302,7 @@ class Breaks:
         holders: dict[int, Stream] = {}
         for decided in fates:
             # Settled: no later end of its lineage may record it again.
-            decided.broken.session.answered((decided.broken.key,))
+            decided.broken.session.settled(decided.broken.key)
             # Its operation, unless an answer read ended it, ends by its fate.
             self.requests.fated(decided)
             holder = decided.broken.holder

@@ -44,6 +44,9 @@ STREAMABLE_HTTP = "streamable-http"
 # make each kept id megabytes long, and no part of the id is kept raw, so no
 # part of a session id it embeds can escape the scrub of exported text.
 MAX_KEPT_ID_BYTES = 128
+# Fated request keys a session remembers (Session.fated): a resume holds its
+# lineage's few pending requests, so the newest few hundred cover it.
+MAX_FATED = 256
 
 
 def bounded_id(event_id: str | None) -> str | None:
@@ -72,6 +75,7 @@ class Session:
     """What the rules need of one session, shared by its streams."""
 
     __slots__ = (
+        "fated",
         "history_lost",
         "holders",
         "ledger_unknown",
@@ -114,6 +118,11 @@ class Session:
         # Requests were sent that the ledger does not know: it forgot the
         # oldest, or a body was not read (too large, streamed, not JSON).
         self.ledger_unknown = False
+        # request keys whose broken request got its fate, the newest
+        # MAX_FATED: a resume that still held one when it was decided (the
+        # client closed the session, the window passed) must not break it
+        # anew at its end.  None until the first fate.
+        self.fated: dict[str, None] | None = None
         # A stream of this session was dropped (or the session is a new record
         # for a key whose older one may have been): its cursors can be gone.
         self.history_lost = history_lost
@@ -138,6 +147,16 @@ class Session:
             if not pending:
                 self.pending = None  # an emptied dict keeps its table
                 self.holders = None
+
+    def settled(self, request_key: str) -> None:
+        """``request_key``'s broken request got its one fate."""
+        self.answered((request_key,))
+        fated = self.fated
+        if fated is None:
+            fated = self.fated = {}
+        fated[request_key] = None
+        if len(fated) > MAX_FATED:
+            del fated[next(iter(fated))]
 
     def forget_pending(self, lineage: int) -> None:
         """An event of ``lineage`` may have answered any of its requests, but

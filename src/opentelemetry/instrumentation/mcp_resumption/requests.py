@@ -88,6 +88,8 @@ class Requests:
                 session.pending = {}
             if len(session.pending) < MAX_REQUESTS:
                 session.pending[key] = (method, None)
+            if session.fated is not None:  # an id used again: a request of its own
+                session.fated.pop(key, None)
             sent = session.sent
             if sent is None:
                 session.sent = (key,)
