@@ -4,9 +4,11 @@ panel compared with what the server was sent."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,79 +84,91 @@ def test_promtool(args):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@contextlib.contextmanager
+def scraped(tmp_path: Path, telemetry, **prometheus_args) -> Iterator[Prometheus]:
+    """The test's meter provider exported on a port a real Prometheus scrapes
+    every second as the job ``mcp-server``."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import start_http_server
+
+    metrics_port = free_port()
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader()])
+    telemetry.meter_provider = provider
+    http_server, _thread = start_http_server(metrics_port, addr="127.0.0.1")
+    try:
+        prometheus = Prometheus(
+            tmp_path, metrics_port, interval="1s", job="mcp-server", **prometheus_args
+        )
+        try:
+            yield prometheus
+        finally:
+            prometheus.close()
+    finally:
+        http_server.shutdown()
+        provider.shutdown()
+
+
 def scalar(result: list) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
 def test_every_panel_shows_what_the_server_was_sent(tmp_path, telemetry):
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from prometheus_client import start_http_server
-
-    metrics_port = free_port()
-    reader = PrometheusMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    telemetry.meter_provider = provider
-    http_server, _thread = start_http_server(metrics_port, addr="127.0.0.1")
-    prometheus = Prometheus(
-        tmp_path, metrics_port, interval="1s", rule_files=[ALERTS], job="mcp-server"
-    )
     store = UuidStore()
-    try:
-        with server_instrumented(telemetry) as instrumentor, running(build_app(store)) as server:
-            first, second = RawSession(server.url), RawSession(server.url)
-            # every series of the server exists (at 0) before anything is counted
-            series = f'mcp_server_resumption_requests_total{{server_port="{server.port}"}}'
-            prometheus.wait(lambda: len(prometheus.query(series)) == 9)
-            first.echo("a")
-            first.resume(first.last_ids[0], timeout=1)  # replayed
-            first.resume("lost-1", timeout=1)  # unknown_cursor, answered 200
-            second.resume(first.last_ids[0], timeout=1)  # other_session, answered 200
-            instrumentor.observer.guard = "reject"
-            first.resume("lost-2", timeout=1)  # unknown_cursor, refused 410
-            first.resume(first.last_ids[0], session_id="gone", timeout=1)  # unknown_session
-            first.close()
-            second.close()
-            truth = {
-                "Lossy resumes in range": 3.0,
-                "Lossy resumes answered 200": 2.0,
-                "Resume requests in range": 5.0,
-                "Resumes replayed": 0.2,
-            }
-            # increase() extrapolates over the range: read the totals over 1h, as
-            # the stats do, once the last count was scraped
-            at = prometheus.scraped_total("mcp_server_resumption_requests_total", 5.0)
-            prometheus.wait(lambda: prometheus.evaluated_after(at + 2))  # two evaluations
-            variables = {"__range": "1h", "__rate_interval": "30s", "job": "mcp-server"}
-            shown = {}
-            for title, expr in panel_queries(load_dashboard(DASHBOARD), variables):
-                if not any(metric in expr for metric in RESUME_METRICS):
-                    continue  # the delivery row: test_the_delivery_row_... below
-                result = prometheus.query(expr)
-                assert result, f"{title}: no data: {expr}"
-                if title in truth:
-                    shown[title] = scalar(result)
-            for title, value in truth.items():
-                assert shown[title] == pytest.approx(value, rel=0.25), (title, shown[title])
-            [table] = [e for t, e in panel_queries(load_dashboard(DASHBOARD), variables)
-                       if t == "unknown_cursor by server"]
-            by_server = prometheus.query(table)
-            assert {r["metric"]["mcp_resumption_outcome"] for r in by_server} == {
-                "unknown_cursor", "rejected_by_guard",
-            }
+    with (
+        scraped(tmp_path, telemetry, rule_files=[ALERTS]) as prometheus,
+        server_instrumented(telemetry) as instrumentor,
+        running(build_app(store)) as server,
+    ):
+        first, second = RawSession(server.url), RawSession(server.url)
+        # every series of the server exists (at 0) before anything is counted
+        series = f'mcp_server_resumption_requests_total{{server_port="{server.port}"}}'
+        prometheus.wait(lambda: len(prometheus.query(series)) == 9)
+        first.echo("a")
+        first.resume(first.last_ids[0], timeout=1)  # replayed
+        first.resume("lost-1", timeout=1)  # unknown_cursor, answered 200
+        second.resume(first.last_ids[0], timeout=1)  # other_session, answered 200
+        instrumentor.observer.guard = "reject"
+        first.resume("lost-2", timeout=1)  # unknown_cursor, refused 410
+        first.resume(first.last_ids[0], session_id="gone", timeout=1)  # unknown_session
+        first.close()
+        second.close()
+        truth = {
+            "Lossy resumes in range": 3.0,
+            "Lossy resumes answered 200": 2.0,
+            "Resume requests in range": 5.0,
+            "Resumes replayed": 0.2,
+        }
+        # increase() extrapolates over the range: read the totals over 1h, as
+        # the stats do, once the last count was scraped
+        at = prometheus.scraped_total("mcp_server_resumption_requests_total", 5.0)
+        prometheus.wait(lambda: prometheus.evaluated_after(at + 2))  # two evaluations
+        variables = {"__range": "1h", "__rate_interval": "30s", "job": "mcp-server"}
+        shown = {}
+        for title, expr in panel_queries(load_dashboard(DASHBOARD), variables):
+            if not any(metric in expr for metric in RESUME_METRICS):
+                continue  # the delivery row: test_the_delivery_row_... below
+            result = prometheus.query(expr)
+            assert result, f"{title}: no data: {expr}"
+            if title in truth:
+                shown[title] = scalar(result)
+        for title, value in truth.items():
+            assert shown[title] == pytest.approx(value, rel=0.25), (title, shown[title])
+        [table] = [e for t, e in panel_queries(load_dashboard(DASHBOARD), variables)
+                   if t == "unknown_cursor by server"]
+        by_server = prometheus.query(table)
+        assert {r["metric"]["mcp_resumption_outcome"] for r in by_server} == {
+            "unknown_cursor", "rejected_by_guard",
+        }
 
-            def raised() -> dict[str, str]:
-                alerts = prometheus.alerts()
-                return alerts if len(alerts) == 2 else {}
+        def raised() -> dict[str, str]:
+            alerts = prometheus.alerts()
+            return alerts if len(alerts) == 2 else {}
 
-            alerts = prometheus.wait(raised, timeout=30)
-            assert alerts == {
-                "McpServerResumptionUnknownCursor": "pending",
-                "McpServerResumptionOtherSession": "pending",
-            }, alerts
-    finally:
-        prometheus.close()
-        http_server.shutdown()
-        provider.shutdown()
+        alerts = prometheus.wait(raised, timeout=30)
+        assert alerts == {
+            "McpServerResumptionUnknownCursor": "pending",
+            "McpServerResumptionOtherSession": "pending",
+        }, alerts
 
 
 def delivery_stack_scenario(prometheus, telemetry):
@@ -198,18 +212,7 @@ def delivery_stack_scenario(prometheus, telemetry):
 
 @pytest.mark.mcp2
 def test_the_delivery_row_shows_what_the_clients_lost(tmp_path, telemetry):
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from prometheus_client import start_http_server
-
-    metrics_port = free_port()
-    reader = PrometheusMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    telemetry.meter_provider = provider
-    http_server, _thread = start_http_server(metrics_port, addr="127.0.0.1")
-    prometheus = Prometheus(
-        tmp_path, metrics_port, interval="1s", rule_files=[ALERTS], job="mcp-server"
-    )
-    try:
+    with scraped(tmp_path, telemetry, rule_files=[ALERTS]) as prometheus:
         stack = delivery_stack_scenario(prometheus, telemetry)
         # The truth: the handler's log (x ran twice, the first time after its
         # client closed the connection) and the router's record.
@@ -267,24 +270,11 @@ def test_the_delivery_row_shows_what_the_clients_lost(tmp_path, telemetry):
         assert alerts == {
             "McpServerAnswerUndelivered": "firing", "McpServerWorkForNobody": "firing",
         }, alerts
-    finally:
-        prometheus.close()
-        http_server.shutdown()
-        provider.shutdown()
 
 
 @pytest.mark.mcp2
 def test_the_operation_panels_show_the_operations(tmp_path, telemetry):
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from prometheus_client import start_http_server
-
-    metrics_port = free_port()
-    reader = PrometheusMetricReader()
-    provider = MeterProvider(metric_readers=[reader])
-    telemetry.meter_provider = provider
-    http_server, _thread = start_http_server(metrics_port, addr="127.0.0.1")
-    prometheus = Prometheus(tmp_path, metrics_port, interval="1s", job="mcp-server")
-    try:
+    with scraped(tmp_path, telemetry) as prometheus:
         delivery_stack_scenario(prometheus, telemetry)
         variables = {"__range": "1h", "__rate_interval": "30s", "job": "mcp-server"}
         queries = [
@@ -293,7 +283,3 @@ def test_the_operation_panels_show_the_operations(tmp_path, telemetry):
         ]
         assert len(queries) == 2
         prometheus.wait(lambda: all(prometheus.query(expr) for _, expr in queries), timeout=15)
-    finally:
-        prometheus.close()
-        http_server.shutdown()
-        provider.shutdown()
