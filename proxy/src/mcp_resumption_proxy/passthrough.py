@@ -134,10 +134,8 @@ class Passthrough:
             watch.progress = tee.written
         if enforced:
             pump = self._enforced_events(response, session, out, pending, ids, watch, tee)
-        elif sse and watch is not None:
-            pump = self._watched_events(response, session, ids, watch, tee)
         elif sse:
-            pump = self._events(response, session, ids)
+            pump = self._events(response, session, ids, watch, tee)
         elif content_type == b"application/json" and is_small(raw_headers):
             pump = response.aread() if watch is None else _json_answers(response, watch, tee)
         else:
@@ -256,29 +254,19 @@ class Passthrough:
             raise error if isinstance(error, ResumptionGapError) else ResumptionGapError(
                 str(error))
 
-    async def _watched_events(
-        self, response: httpx.Response, session: str | None, ids: Any, watch: Watch, tee: Tee
-    ) -> None:
-        """``_events`` on a response that may answer a request of its client's
-        (a POST's, a resume's): each answer is noted with the tee's chunk
-        count, so that one parsed but never written to the client is told
-        apart from one that was."""
-        downstream = self.downstream
-        last = None
-        async for event in EventSource(response).aiter_sse():
-            event_id = event.id
-            if event_id and event_id != last and downstream is not None:
-                downstream.forwarded(event_id, session, ids)
-                if ids is not None:
-                    ids.last = event_id
-            last = event_id
-            watch.seen(event.data, tee.read)
-
     async def _events(
-        self, response: httpx.Response, session: str | None, ids: Any = None
+        self,
+        response: httpx.Response,
+        session: str | None,
+        ids: Any = None,
+        watch: Watch | None = None,
+        tee: Tee | None = None,
     ) -> None:
         """Drive the SSE parse the client half observes, and remember each id
-        forwarded for the downstream leg."""
+        forwarded for the downstream leg.  With ``watch`` (a response that may
+        answer a request of its client's: a POST's, a resume's), each answer is
+        noted with the tee's chunk count, so that one parsed but never written
+        to the client is told apart from one that was."""
         downstream = self.downstream
         last = None
         async for event in EventSource(response).aiter_sse():
@@ -288,4 +276,6 @@ class Passthrough:
                 if ids is not None:
                     ids.last = event_id
             last = event_id
+            if watch is not None:
+                watch.seen(event.data, tee.read)
 
