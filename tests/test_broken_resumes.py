@@ -207,8 +207,16 @@ def test_a_repeated_empty_replay_in_observe_mode_loses_the_call_once(telemetry, 
     truth = Truth(router)
     statuses = [resume.status for resume in truth.resumes]
     # Each resume gets 200 and nothing; one still in flight when the
-    # application gives up and ends the session meets its end: 404.
-    assert statuses and set(statuses[:-1]) <= {200} and statuses[-1] in (200, 404), statuses
+    # application gives up and ends the session meets its end: the server's
+    # 404, or the router's 502 when the session's end (or the stack's) closed
+    # its upstream connection before a status line, which the client may
+    # have read (rejected), lost with its connection (failed) or left.
+    assert statuses and set(statuses[:-1]) <= {200} and statuses[-1] in (200, 404, 502), statuses
     outcomes = telemetry.outcomes()
-    assert set(outcomes) == {"gap"} | ({"rejected"} if statuses[-1] == 404 else set()), outcomes
+    if statuses[-1] == 502:
+        assert "gap" in outcomes and set(outcomes) <= {"gap", "rejected", "failed"}, outcomes
+        assert sum(outcomes.values()) - outcomes["gap"] <= 1, outcomes
+    else:
+        expected = {"gap"} | ({"rejected"} if statuses[-1] == 404 else set())
+        assert set(outcomes) == expected, outcomes
     assert_lost(telemetry, truth)
