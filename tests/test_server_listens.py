@@ -12,13 +12,13 @@ wire, whether the router cut the stream.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 import pytest
 
 from server_harness import server_instrumented
-from test_subscriptions import Wire, in_asyncio, is_ack, listen_server, url
+from test_subscriptions import Wire, in_asyncio, url
+from test_subscriptions import stack as client_stack
 from wire import wait_until
 
 pytestmark = pytest.mark.mcp2
@@ -32,27 +32,10 @@ BOUND = 10.0  # a bound on a failing test, never what a passing one waits for
 
 @contextlib.asynccontextmanager
 async def stack(telemetry, cut_first_listen: bool = False):
-    from mcp_resumption_demo.loopback import LoopbackServer
-    from mcp_resumption_demo.router import Backend, Route
-    from wire import CutRoute, WireRouter
-
+    """test_subscriptions' stack, its server observed by the server half."""
     with server_instrumented(telemetry):
-        app, handler = listen_server()
-        backend = await LoopbackServer(app, name="listen").astart()
-        state = {"cut": cut_first_listen}
-
-        def policy(request):
-            if request.jsonrpc_method == "subscriptions/listen" and state["cut"]:
-                state["cut"] = False
-                return CutRoute(Backend("listen", backend.port), cut_after=is_ack)
-            return Route(Backend("listen", backend.port))
-
-        router = await WireRouter(policy).start()
-        try:
-            yield router, handler
-        finally:
-            await router.close()
-            await asyncio.to_thread(backend.close)
+        async with client_stack(cut_first_listen) as running:
+            yield running
 
 
 def ends(telemetry) -> dict[tuple[str, str], int]:
