@@ -80,6 +80,18 @@ class Telemetry:
                         found.extend(metric.data.data_points)
         return found
 
+    def recorded(self, histogram: str) -> list:
+        """The points of ``histogram`` that hold a record."""
+        return [point for point in self.points(histogram) if point.count]
+
+    def by_method(self, histogram: str) -> dict[tuple[str, str | None], int]:
+        """Records of an operation histogram by (method, error.type)."""
+        totals: dict[tuple[str, str | None], int] = {}
+        for point in self.recorded(histogram):
+            key = (point.attributes["mcp.method.name"], point.attributes.get("error.type"))
+            totals[key] = totals.get(key, 0) + point.count
+        return totals
+
     def counts(self, name: str, attribute: str | None = None) -> dict[object, int]:
         """Totals of metric ``name`` by the value of ``attribute`` (all under
         None without one)."""

@@ -40,15 +40,11 @@ CONFIRM = 1.0
 
 
 def points(telemetry) -> list:
-    return [point for point in telemetry.points(DURATION) if point.count]
+    return telemetry.recorded(DURATION)
 
 
 def by_method(telemetry) -> dict:
-    totals: dict = {}
-    for point in points(telemetry):
-        key = (point.attributes["mcp.method.name"], point.attributes.get("error.type"))
-        totals[key] = totals.get(key, 0) + point.count
-    return totals
+    return telemetry.by_method(DURATION)
 
 
 def wire_requests(router) -> list[tuple[object, str, object]]:

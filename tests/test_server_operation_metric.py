@@ -38,15 +38,11 @@ BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 
 
 def points(telemetry, name: str = DURATION) -> list:
-    return [point for point in telemetry.points(name) if point.count]
+    return telemetry.recorded(name)
 
 
 def by_method(telemetry) -> dict:
-    totals: dict = {}
-    for point in points(telemetry):
-        key = (point.attributes["mcp.method.name"], point.attributes.get("error.type"))
-        totals[key] = totals.get(key, 0) + point.count
-    return totals
+    return telemetry.by_method(DURATION)
 
 
 class BodyRouter(WireRouter):
