@@ -38,13 +38,15 @@ class ExperimentalServer:
         from mcp import types
         from mcp.server.lowlevel import Server
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+        from mcp.shared.experimental.tasks.in_memory_task_store import InMemoryTaskStore
         from starlette.applications import Starlette
         from starlette.routing import Mount
 
         self.release = threading.Event()
         release = self.release
         server = Server("experimental-tasks")
-        server.experimental.enable_tasks()
+        self.store = InMemoryTaskStore()
+        server.experimental.enable_tasks(store=self.store)
 
         @server.list_tools()
         async def list_tools():
@@ -79,6 +81,12 @@ class ExperimentalServer:
         deadline = time.monotonic() + GATE_TIMEOUT_S
         while not self.server.started and time.monotonic() < deadline:
             time.sleep(0.01)
+
+    def forgot(self, task_id: str) -> bool:
+        """The store's own truth: the task is past its TTL (the store deletes
+        it at its next access), or gone."""
+        stored = self.store._tasks.get(task_id)
+        return stored is None or self.store._is_expired(stored)
 
     def close(self) -> None:
         self.release.set()
@@ -251,3 +259,40 @@ def test_a_cancelled_task_ends_cancelled_without_a_loss(telemetry, servers, capl
     assert router.answer(router.of("tasks/cancel")[0])["result"]["status"] == "cancelled"
     assert telemetry.counts(TASKS, FATE) == {"cancelled": 1}
     assert task_lines(caplog) == []
+
+
+def test_a_task_read_after_its_ttl_is_expired(telemetry, servers, caplog):
+    """The task completes and its TTL (1 s from its end in mcp 1.30's store)
+    runs out before the client reads it: the store forgets it, and the
+    client's tasks/result is answered "not found": expired, not lost."""
+    server = servers()
+
+    async def scenario():
+        from mcp import types
+        from mcp.shared.exceptions import McpError
+
+        router = TaskRouter(switchable(lambda: server, lambda request: False))
+        await router.start()
+        async with session(router.url + "/mcp/") as client:
+            created = await client.experimental.call_tool_as_task("slow", {}, ttl=1000)
+            server.release.set()
+            deadline = time.monotonic() + GATE_TIMEOUT_S
+            while not server.forgot(created.task.taskId) and time.monotonic() < deadline:
+                await anyio.sleep(0.05)
+            with pytest.raises(McpError):
+                await client.experimental.get_task_result(
+                    created.task.taskId, types.CallToolResult
+                )
+        await router.close()
+        return router
+
+    with telemetry.instrumented():
+        router = anyio.run(scenario)
+    handle = router.answer(router.of("tools/call")[0])["result"]["task"]
+    assert handle["ttl"] == 1000
+    assert router.of("tasks/get") == []
+    (read,) = router.of("tasks/result")
+    assert "error" in router.answer(read), router.answer(read)
+    assert telemetry.counts(TASKS, FATE) == {"expired": 1}
+    (line,) = task_lines(caplog)
+    assert "task expired" in line and "tool=slow" in line
