@@ -10,6 +10,7 @@ that socket listens, and the routers' records of what reached each leg.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import subprocess
@@ -211,3 +212,46 @@ def read_legs(prometheus: Prometheus) -> dict[tuple, float] | None:
             if value:
                 found[labels.get("mcp_resumption_leg"), metric, labels.get(label)] = value
     return found if len(found) >= 2 else None
+
+
+def test_the_probe_stops_even_when_a_cancel_is_swallowed(monkeypatch) -> None:
+    """Python 3.10's asyncio.wait_for swallows a cancel that lands as the
+    connect completes: the probe's loop went on, and the shutdown that
+    awaited it never ended (CI saw a proxy still running 16 s after SIGTERM).
+    Here a probe swallows each cancel as that wait_for does; stop() still
+    returns, and the loop probes no more."""
+    from mcp_resumption_proxy.admin import UpstreamProbe
+
+    probes = []
+    swallow = [True]
+
+    async def swallowing(self) -> bool:
+        probes.append(1)
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            if not swallow[0]:
+                raise
+        return True
+
+    monkeypatch.setattr(UpstreamProbe, "probe", swallowing)
+
+    async def scenario() -> tuple[bool, int, int]:
+        probe = UpstreamProbe("http://127.0.0.1:9/mcp", interval=0.01)
+        probe.start()
+        while not probes:
+            await asyncio.sleep(0.001)
+        stopping = asyncio.ensure_future(probe.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=10)
+        count = len(probes)
+        await asyncio.sleep(0.1)
+        later = len(probes)
+        swallow[0] = False  # a failing run ends here, not at pytest's timeout
+        probe._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopping
+        return bool(done), count, later
+
+    stopped, count, later = asyncio.run(scenario())
+    assert stopped, "stop() never returned"
+    assert later == count, "the loop went on after stop()"
