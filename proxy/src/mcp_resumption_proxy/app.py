@@ -378,11 +378,14 @@ class ProxyApp(Passthrough):
                     await forwarding
                 if watch is not None:
                     watch.how = "left"
+                    _ended_by_client(relay, watch)
                 return
             if forwarding.exception() is not None or relay.failed:
                 if watch is not None:
                     watch.how = "left" if isinstance(forwarding.exception(), ClientGone) else (
                         "upstream")
+                    if watch.how == "left":
+                        _ended_by_client(relay, watch)
                 return  # broken as the upstream broke: the client resumes here
             if watch is not None and gone():
                 watch.how = "left"
@@ -392,6 +395,16 @@ class ProxyApp(Passthrough):
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
+
+
+def _ended_by_client(relay: resumable.Relay | Any, watch: Watch) -> None:
+    """The client closed a listen's stream: its end of the subscription
+    (2026-07-28 cancels by closing, and has no resume), passed on to the
+    server at once rather than read on for a resume that never comes, which
+    would leave it open until the proxy stops: a subscription lost there."""
+    task = getattr(relay, "task", None)
+    if watch.subscription and task is not None:
+        task.cancel()
 
 
 class _DeliberateBreaks(logging.Filter):
