@@ -162,6 +162,15 @@ class Watch:
             if line.startswith(b"data:"):
                 self.seen(line[5:].strip().decode("utf-8", "replace"))
 
+    def status_sent(self, status: int) -> None:
+        """The response's status line went to the client: an HTTP error is
+        the answer to every request of the POST (an SDK fails each on it,
+        mcp 1.x without reading the body, whose JSON-RPC error, as the 404
+        of a closed session, names no id)."""
+        if status >= 400:
+            for key in self.requests:
+                self.answered.setdefault(key, 0)
+
     @property
     def subscription(self) -> bool:
         """A ``subscriptions/listen``: a subscription, never a call."""
