@@ -83,6 +83,7 @@ class ProxyApp(Passthrough):
         enforced_errors: Any = None,
         shared_relays: Any = None,
         client_leg: ClientLeg | None = None,
+        reachability: Any = None,
     ) -> None:
         url = httpx.URL(upstream)
         self.upstream = url
@@ -91,6 +92,9 @@ class ProxyApp(Passthrough):
         # The client leg's broken requests: reported where the resumes are.
         self.client_leg = client_leg if client_leg is not None or downstream is None else (
             ClientLeg.for_leg())
+        # What the requests tell of the upstream's reachability
+        # (admin.UpstreamProbe's request_failed and request_answered).
+        self.reachability = reachability
         self.enforce = enforce
         self.ledger = new_ledger() if enforce else None
         self.stream_error = stream_error
@@ -273,6 +277,10 @@ class ProxyApp(Passthrough):
             else:
                 response = await self.client.send(request, stream=True, follow_redirects=True)
         except (httpx.HTTPError, ResumptionGapError) as error:
+            if self.reachability is not None and isinstance(
+                error, (httpx.ConnectError, httpx.ConnectTimeout)
+            ):
+                self.reachability.request_failed(error)
             self._not_forwarded(judged, scope)
             # The type only: an httpx message may quote a header value.
             message = f"mcp-resumption-proxy: upstream unreachable ({type(error).__name__})"
@@ -286,6 +294,9 @@ class ProxyApp(Passthrough):
                 return
             await respond(send, 502, jsonrpc_error(request_id_of(body), UPSTREAM_ERROR, message))
             return
+        reachability = self.reachability
+        if reachability is not None and reachability.reachable is not True:
+            reachability.request_answered()
         if response.status_code >= 400:
             self._not_forwarded(judged, scope)
         else:
