@@ -166,8 +166,9 @@ class Watch:
         """The response's status line went to the client: an HTTP error is
         the answer to every request of the POST (an SDK fails each on it,
         mcp 1.x without reading the body, whose JSON-RPC error, as the 404
-        of a closed session, names no id)."""
-        if status >= 400:
+        of a closed session, names no id).  Not a resume's: its error
+        brings none of the answers it was to deliver."""
+        if status >= 400 and not self.resume:
             for key in self.requests:
                 self.answered.setdefault(key, 0)
 
