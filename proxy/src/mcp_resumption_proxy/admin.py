@@ -59,7 +59,7 @@ def shown(host: str, port: int) -> str:
 
 class UpstreamProbe:
     """Whether the upstream answers: ``reachable`` is None until the first
-    probe, then the last probe's result."""
+    probe (or request), then the last one's result."""
 
     def __init__(self, upstream: str, interval: float = PROBE_INTERVAL_S,
                  timeout: float = PROBE_TIMEOUT_S) -> None:
