@@ -9,6 +9,9 @@ writes one line when it stops answering and one when it is back.
 The probe opens a TCP connection to the upstream's host and port (the name
 resolved each time) and closes it, every ``interval`` seconds, each attempt
 bounded by ``PROBE_TIMEOUT_S``: what a load balancer's layer-4 check does.
+The forwarding's own requests feed the same state between probes: one that
+could not connect makes it unreachable at once, and the first answer after
+that makes it reachable again (one line per change, whoever saw it).
 It never sends an HTTP request, so it reaches no MCP path: an MCP server
 creates a session (a transport, a task) for any request without a session
 id, and a probe must not cost the server that, nor a line in its log, nor a
@@ -56,7 +59,7 @@ def shown(host: str, port: int) -> str:
 
 class UpstreamProbe:
     """Whether the upstream answers: ``reachable`` is None until the first
-    probe, then the last probe's result."""
+    probe (or request), then the last one's result."""
 
     def __init__(self, upstream: str, interval: float = PROBE_INTERVAL_S,
                  timeout: float = PROBE_TIMEOUT_S) -> None:
@@ -83,6 +86,17 @@ class UpstreamProbe:
                 await writer.wait_closed()
         self._record(error)
         return error is None
+
+    def request_failed(self, error: BaseException) -> None:
+        """A request could not connect to the upstream: the surest proof
+        that it is unreachable, taken at once rather than at the next probe."""
+        self._record(error)
+
+    def request_answered(self) -> None:
+        """The upstream answered a request: it is reachable (a line only
+        if that is news)."""
+        if self.reachable is not True:
+            self._record(None)
 
     def _record(self, error: BaseException | None) -> None:
         now = time.monotonic()

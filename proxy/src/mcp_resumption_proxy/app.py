@@ -83,6 +83,7 @@ class ProxyApp(Passthrough):
         enforced_errors: Any = None,
         shared_relays: Any = None,
         client_leg: ClientLeg | None = None,
+        reachability: Any = None,
     ) -> None:
         url = httpx.URL(upstream)
         self.upstream = url
@@ -91,6 +92,9 @@ class ProxyApp(Passthrough):
         # The client leg's broken requests: reported where the resumes are.
         self.client_leg = client_leg if client_leg is not None or downstream is None else (
             ClientLeg.for_leg())
+        # What the requests tell of the upstream's reachability
+        # (admin.UpstreamProbe's request_failed and request_answered).
+        self.reachability = reachability
         self.enforce = enforce
         self.ledger = new_ledger() if enforce else None
         self.stream_error = stream_error
@@ -273,6 +277,10 @@ class ProxyApp(Passthrough):
             else:
                 response = await self.client.send(request, stream=True, follow_redirects=True)
         except (httpx.HTTPError, ResumptionGapError) as error:
+            if self.reachability is not None and isinstance(
+                error, (httpx.ConnectError, httpx.ConnectTimeout)
+            ):
+                self.reachability.request_failed(error)
             self._not_forwarded(judged, scope)
             # The type only: an httpx message may quote a header value.
             message = f"mcp-resumption-proxy: upstream unreachable ({type(error).__name__})"
@@ -286,6 +294,9 @@ class ProxyApp(Passthrough):
                 return
             await respond(send, 502, jsonrpc_error(request_id_of(body), UPSTREAM_ERROR, message))
             return
+        reachability = self.reachability
+        if reachability is not None and reachability.reachable is not True:
+            reachability.request_answered()
         if response.status_code >= 400:
             self._not_forwarded(judged, scope)
         else:
@@ -378,11 +389,14 @@ class ProxyApp(Passthrough):
                     await forwarding
                 if watch is not None:
                     watch.how = "left"
+                    _ended_by_client(relay, watch)
                 return
             if forwarding.exception() is not None or relay.failed:
                 if watch is not None:
                     watch.how = "left" if isinstance(forwarding.exception(), ClientGone) else (
                         "upstream")
+                    if watch.how == "left":
+                        _ended_by_client(relay, watch)
                 return  # broken as the upstream broke: the client resumes here
             if watch is not None and gone():
                 watch.how = "left"
@@ -392,6 +406,16 @@ class ProxyApp(Passthrough):
             watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watching
+
+
+def _ended_by_client(relay: resumable.Relay | Any, watch: Watch) -> None:
+    """The client closed a listen's stream: its end of the subscription
+    (2026-07-28 cancels by closing, and has no resume), passed on to the
+    server at once rather than read on for a resume that never comes, which
+    would leave it open until the proxy stops: a subscription lost there."""
+    task = getattr(relay, "task", None)
+    if watch.subscription and task is not None:
+        task.cancel()
 
 
 class _DeliberateBreaks(logging.Filter):

@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     # With OTEL_PYTHON_MCP_RESUMPTION_STATE the client half's store is shared
     # by the fleet; the downstream leg's cursors go through it too.
     store = shared.store_of(processor)
+    probe = UpstreamProbe(args.upstream, interval=args.upstream_probe or PROBE_INTERVAL_S)
     proxy_app = ProxyApp(
         args.upstream,
         downstream=DownstreamView.for_leg(
@@ -231,11 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         resumable=args.resumable,
         enforced_errors=processor.enforced_errors if enforcing else None,
         shared_relays=None if store is None or not args.resumable else shared.SharedRelays(store),
+        reachability=probe,
     )
     # At the drain's end the app stops waiting for the answers it could not
     # deliver (they are lost, on their leg) before the cut, not after it.
     app = Drain(proxy_app, before_cut=getattr(proxy_app, "stop_waiting", None))
-    probe = UpstreamProbe(args.upstream, interval=args.upstream_probe or PROBE_INTERVAL_S)
     host, port = args.listen
     sock = bound(host, port)
     if sock is None:

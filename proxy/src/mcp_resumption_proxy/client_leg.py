@@ -52,6 +52,7 @@ from opentelemetry._logs import SeverityNumber, get_logger
 from opentelemetry import metrics
 from opentelemetry.instrumentation.mcp_resumption import config
 from opentelemetry.instrumentation.mcp_resumption import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.jsonrpc import LISTEN
 from opentelemetry.instrumentation.mcp_resumption.verdict_log import LOST, server_name, verdicts
 from opentelemetry.instrumentation.mcp_resumption.version import __version__
 
@@ -160,6 +161,22 @@ class Watch:
         for line in frames.splitlines():
             if line.startswith(b"data:"):
                 self.seen(line[5:].strip().decode("utf-8", "replace"))
+
+    def status_sent(self, status: int) -> None:
+        """The response's status line went to the client: an HTTP error is
+        the answer to every request of the POST (an SDK fails each on it,
+        mcp 1.x without reading the body, whose JSON-RPC error, as the 404
+        of a closed session, names no id).  Not a resume's: its error
+        brings none of the answers it was to deliver."""
+        if status >= 400 and not self.resume:
+            for key in self.requests:
+                self.answered.setdefault(key, 0)
+
+    @property
+    def subscription(self) -> bool:
+        """A ``subscriptions/listen``: a subscription, never a call."""
+        return bool(self.requests) and all(
+            method == LISTEN for method, _ in self.requests.values())
 
     def delivered(self, sent: int | None) -> set[str]:
         """The answers written to the client (``sent``: chunks written; None:
@@ -274,7 +291,10 @@ class ClientLeg:
         for key, (method, params) in watch.requests.items():
             if key in delivered:
                 continue
-            if key in watch.cancelled:
+            if key in watch.cancelled or (how == "left" and method == LISTEN):
+                # A listen's stream closed by its client is the client's own
+                # end of it (2026-07-28 cancels by closing): counted now, and
+                # never awaited as a broken call, a re-listen being no re-issue.
                 self._cancelled.add(1, self._attributes(watch.server))
                 continue
             broken = _Broken(key, method, params, watch.server, watch.session,

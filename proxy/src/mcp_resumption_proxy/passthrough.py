@@ -113,13 +113,23 @@ class Passthrough:
         ):
             host = decoded_text(header_of(request_headers, b"host")) or "127.0.0.1"
             rewrite = endpoint_rewriter(self.upstream_origin, f"{scope.get('scheme', 'http')}://{host}")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status_code,
-                "headers": end_to_end(raw_headers),
-            }
-        )
+        watching = asyncio.ensure_future(client_left(receive))
+        gone = client_gone(receive, watching)
+        there = not gone()
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": end_to_end(raw_headers),
+                }
+            )
+        except BaseException:
+            watching.cancel()
+            raise
+        if watch is not None and there:
+            # Its status is an answer a client still there was given.
+            watch.status_sent(response.status_code)
         out = RequestBody(send, rewrite)
         session = decoded_text(header_of(raw_headers, b"mcp-session-id")) or session_id
         enforced = sse and pending is not None
@@ -141,9 +151,8 @@ class Passthrough:
         else:
             pump = drain(response)
         pumping = asyncio.ensure_future(pump)
-        watching = asyncio.ensure_future(client_left(receive))
         if watch is not None:
-            tee.gone = client_gone(receive, watching)
+            tee.gone = gone
         waits = {pumping, watching}
         if enforced and self.stream_error is not None:
             judged = asyncio.ensure_future(self._judged(response))
