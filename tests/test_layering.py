@@ -114,7 +114,8 @@ ABOVE = {
 # The pure core: the rules, the ledgers and the tracker with its rooms import
 # the standard library and each other only (no OpenTelemetry, no HTTP client).
 PURE = (
-    "errors", *RULES, "fates", "subscriptions", "tasks", "task_handover", "jsonrpc", "forks",
+    "errors", *RULES, "fates", "subscriptions", "tasks", "task_handover", "events", "jsonrpc",
+    "forks",
     "shared_state", *ROOMS, "tracker",
 )
 
