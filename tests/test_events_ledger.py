@@ -40,7 +40,9 @@ def stream(ledger, rid, cursor, name="ticket.created", now=0.0):
 
 
 def note(ledger, rid, method, now=0.0, **params):
-    params["_meta"] = {"io.modelcontextprotocol/subscriptionId": rid}
+    # The ids of these tests are keys already (request_key of an integer id).
+    subscription = int(rid[1:]) if rid[1:].isdigit() else rid
+    params["_meta"] = {"io.modelcontextprotocol/subscriptionId": subscription}
     return ledger.notified(SERVER, f"notifications/events/{method}", params, now)
 
 
@@ -50,9 +52,9 @@ def kinds(outcome):
 
 def test_a_poll_loop_that_follows_its_cursor_finds_nothing():
     ledger = EventLedger()
-    assert not poll(ledger, "1", None)
-    assert not page(ledger, "1", "c1", [{"eventId": "e1", "data": {"n": 1}}])
-    assert not poll(ledger, "2", "c1")
+    assert not poll(ledger, "1", None).findings
+    assert not page(ledger, "1", "c1", [{"eventId": "e1", "data": {"n": 1}}]).findings
+    assert not poll(ledger, "2", "c1").findings
     assert not page(ledger, "2", "c2", [{"eventId": "e2", "data": {"n": 2}}])
 
 
@@ -95,7 +97,7 @@ def test_truncated_from_now_is_no_loss():
     """A request that supplied no cursor asked for nothing in the past."""
     ledger = EventLedger()
     poll(ledger, "1", None)
-    assert not page(ledger, "1", "c1", truncated=True)
+    assert not page(ledger, "1", "c1", truncated=True).findings
 
 
 def test_a_null_cursor_after_a_held_one_loses_everything_between():
@@ -135,7 +137,7 @@ def test_threads_are_keyed_by_name_and_arguments_not_by_request():
     poll(ledger, "1", None, arguments={"project": "a"})
     page(ledger, "1", "ca")
     # Another subscription (other arguments) starting from now is no loss.
-    assert not poll(ledger, "2", None, arguments={"project": "b"})
+    assert not poll(ledger, "2", None, arguments={"project": "b"}).findings
     # Argument order does not matter.
     assert arguments_digest({"a": 1, "b": 2}) == arguments_digest({"b": 2, "a": 1})
     assert arguments_digest({"token": "secret"}) != "secret"
@@ -152,32 +154,32 @@ def test_an_event_id_again_with_another_payload_is_reused():
 
 def test_a_push_stream_cut_and_reopened_with_its_cursor_is_proven():
     ledger = EventLedger()
-    assert not stream(ledger, "s1", None)
-    assert not note(ledger, "s1", "active", cursor="c0", truncated=False)
-    assert not note(ledger, "s1", "event", eventId="e1", name="t", data={}, cursor="c1")
-    ledger.stream_ended(SERVER, "s1", cut=True, now=1.0)
-    assert not stream(ledger, "s2", "c1", now=1.5)
-    outcome = note(ledger, "s2", "active", now=1.6, cursor="c1", truncated=False)
+    assert stream(ledger, "1", None).stream == "opened"
+    assert not note(ledger, "x1", "active", cursor="c0", truncated=False)
+    assert not note(ledger, "x1", "event", eventId="e1", name="t", data={}, cursor="c1")
+    ledger.stream_ended(SERVER, "1", cut=True, now=1.0)
+    assert not stream(ledger, "2", "c1", now=1.5).findings
+    outcome = note(ledger, "x2", "active", now=1.6, cursor="c1", truncated=False)
     assert outcome.reopened is not None and outcome.reopened.proven
     assert not ledger.due(100.0, 0.0, WINDOW)
 
 
 def test_a_reopen_the_server_truncates_is_not_proven():
     ledger = EventLedger()
-    stream(ledger, "s1", None)
-    note(ledger, "s1", "active", cursor="c1", truncated=False)
-    ledger.stream_ended(SERVER, "s1", cut=True, now=1.0)
-    stream(ledger, "s2", "c1", now=2.0)
-    outcome = note(ledger, "s2", "active", now=2.0, cursor="c5", truncated=True)
+    stream(ledger, "1", None)
+    note(ledger, "x1", "active", cursor="c1", truncated=False)
+    ledger.stream_ended(SERVER, "1", cut=True, now=1.0)
+    stream(ledger, "2", "c1", now=2.0)
+    outcome = note(ledger, "x2", "active", now=2.0, cursor="c5", truncated=True)
     assert kinds(outcome) == [Kind.TRUNCATED]
     assert outcome.reopened is not None and not outcome.reopened.proven
 
 
 def test_a_cut_stream_not_reopened_within_the_window():
     ledger = EventLedger()
-    stream(ledger, "s1", None)
-    note(ledger, "s1", "active", cursor="c1", truncated=False)
-    ledger.stream_ended(SERVER, "s1", cut=True, now=1.0)
+    stream(ledger, "1", None)
+    note(ledger, "x1", "active", cursor="c1", truncated=False)
+    ledger.stream_ended(SERVER, "1", cut=True, now=1.0)
     assert not ledger.due(1.0 + WINDOW - 0.1, 0.0, WINDOW)
     assert ledger.next_due(1.0, 0.0, WINDOW) == pytest.approx(WINDOW)
     assert kinds(ledger.due(1.0 + WINDOW, 0.0, WINDOW)) == [Kind.NOT_REOPENED]
@@ -186,19 +188,20 @@ def test_a_cut_stream_not_reopened_within_the_window():
 
 def test_the_applications_own_close_is_clean():
     ledger = EventLedger()
-    stream(ledger, "s1", None)
-    note(ledger, "s1", "active", cursor="c1", truncated=False)
-    assert not ledger.stream_ended(SERVER, "s1", cut=False, now=1.0)
+    stream(ledger, "1", None)
+    note(ledger, "x1", "active", cursor="c1", truncated=False)
+    ended = ledger.stream_ended(SERVER, "1", cut=False, now=1.0)
+    assert ended.stream == "ended" and not ended.findings
     assert not ledger.due(100.0, 0.0, WINDOW)
 
 
 def test_a_type_without_replay_reports_its_window():
     ledger = EventLedger()
-    stream(ledger, "s1", None, name="presence")
-    note(ledger, "s1", "active", cursor=None, truncated=False)
-    ledger.stream_ended(SERVER, "s1", cut=True, now=10.0)
-    stream(ledger, "s2", None, name="presence", now=12.5)
-    outcome = note(ledger, "s2", "active", now=12.6, cursor=None, truncated=False)
+    stream(ledger, "1", None, name="presence")
+    note(ledger, "x1", "active", cursor=None, truncated=False)
+    ledger.stream_ended(SERVER, "1", cut=True, now=10.0)
+    stream(ledger, "2", None, name="presence", now=12.5)
+    outcome = note(ledger, "x2", "active", now=12.6, cursor=None, truncated=False)
     assert kinds(outcome) == [Kind.UNREPLAYABLE_WINDOW]
     assert outcome.findings[0].window == pytest.approx(2.5)
     assert outcome.reopened is None
@@ -206,34 +209,34 @@ def test_a_type_without_replay_reports_its_window():
 
 def test_a_silent_stream_is_said_once_while_open():
     ledger = EventLedger()
-    stream(ledger, "s1", None)
-    note(ledger, "s1", "active", now=0.0, cursor="c1", truncated=False)
-    note(ledger, "s1", "heartbeat", now=1.0, cursor="c1")
-    note(ledger, "s1", "heartbeat", now=2.0, cursor="c1")
+    stream(ledger, "1", None)
+    note(ledger, "x1", "active", now=0.0, cursor="c1", truncated=False)
+    note(ledger, "x1", "heartbeat", now=1.0, cursor="c1")
+    note(ledger, "x1", "heartbeat", now=2.0, cursor="c1")
     assert not ledger.due(3.9, 0.0, WINDOW)
     found = ledger.due(4.1, 0.0, WINDOW)
     assert kinds(found) == [Kind.STREAM_SILENT]
     assert not ledger.due(9.0, 0.0, WINDOW)
     # Heard again: it may fall silent again.
-    note(ledger, "s1", "heartbeat", now=10.0, cursor="c1")
+    note(ledger, "x1", "heartbeat", now=10.0, cursor="c1")
     assert kinds(ledger.due(12.1, 0.0, WINDOW)) == [Kind.STREAM_SILENT]
 
 
 def test_no_interval_seen_no_silence_claimed():
     ledger = EventLedger()
-    stream(ledger, "s1", None)
-    note(ledger, "s1", "active", now=0.0, cursor="c1", truncated=False)
+    stream(ledger, "1", None)
+    note(ledger, "x1", "active", now=0.0, cursor="c1", truncated=False)
     assert not ledger.due(1000.0, 0.0, WINDOW)
 
 
 def test_terminated_names_the_error_and_needs_no_reopen():
     ledger = EventLedger()
-    stream(ledger, "s1", None)
-    note(ledger, "s1", "active", cursor="c1", truncated=False)
-    outcome = note(ledger, "s1", "terminated", error={"code": -32024, "message": "forbidden"})
+    stream(ledger, "1", None)
+    note(ledger, "x1", "active", cursor="c1", truncated=False)
+    outcome = note(ledger, "x1", "terminated", error={"code": -32024, "message": "forbidden"})
     assert kinds(outcome) == [Kind.TERMINATED]
     assert outcome.findings[0].error == "-32024"
-    ledger.stream_ended(SERVER, "s1", cut=True, now=1.0)  # its close after terminated
+    ledger.stream_ended(SERVER, "1", cut=True, now=1.0)  # its close after terminated
     assert not ledger.due(100.0, 0.0, WINDOW)
 
 
@@ -274,7 +277,7 @@ def test_a_refreshed_or_unsubscribed_webhook_does_not_lapse():
     ledger = EventLedger()
     subscribe(ledger, "1")
     subscribed(ledger, "1", 1_000_000)  # ms since the epoch: 1000 s
-    assert not subscribe(ledger, "2")  # a refresh: no cursor judged
+    assert not subscribe(ledger, "2").findings  # a refresh: no cursor judged
     subscribed(ledger, "2", 2_000_000)
     assert not ledger.due(0.0, 1500.0, WINDOW)
     ledger.requested(SERVER, "3", "events/unsubscribe", {"id": "sub-1"}, 0.0)
@@ -289,7 +292,7 @@ def test_a_failing_delivery_status_is_named_once():
     assert kinds(outcome) == [Kind.DELIVERY_FAILING]
     assert outcome.findings[0].error == "http_500"
     subscribe(ledger, "2")
-    assert not subscribed(ledger, "2", None, deliveryStatus=status)
+    assert not subscribed(ledger, "2", None, deliveryStatus=status).findings
 
 
 def test_discovery_reads_both_declarations():

@@ -65,6 +65,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .jsonrpc import request_key
+
 __all__ = [
     "EXTENSION",
     "LOSSES",
@@ -180,14 +182,18 @@ class Reopened:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one fact told: findings, a reopen, duplicates delivered again."""
+    """What one fact told: findings, a reopen, duplicates delivered again,
+    a push stream opened or ended (``stream``), on the thread ``key``."""
 
     findings: tuple[Finding, ...] = ()
     reopened: Reopened | None = None
     duplicates: int = 0
+    key: ThreadKey | None = None
+    delivery: str = ""
+    stream: str | None = None  # "opened", "ended"
 
     def __bool__(self) -> bool:
-        return bool(self.findings or self.reopened or self.duplicates)
+        return bool(self.findings or self.reopened or self.duplicates or self.stream)
 
 
 NOTHING = Outcome()
@@ -453,10 +459,12 @@ class EventLedger:
         self._asked[(server, request_id)] = asked
         if len(self._asked) > MAX_ASKED:
             self._asked.popitem(last=False)
+        opened = None
         if method == STREAM and len(self._streams) < MAX_STREAMS:
             self._streams[(server, request_id)] = _Stream(key, now, asked, now)
             thread.live_streams += 1
-        return Outcome(tuple(findings))
+            opened = "opened"
+        return Outcome(tuple(findings), key=key, delivery=delivery, stream=opened)
 
     @staticmethod
     def _judge(thread: _Thread, key: ThreadKey, delivery: str, supplied: Any) -> Finding | None:
@@ -545,7 +553,7 @@ class EventLedger:
             thread.receive(_cursor(result))
         if asked.method == SUBSCRIBE:
             findings += self._subscribed(server, asked.key, result)
-        return Outcome(tuple(findings), duplicates=duplicates)
+        return Outcome(tuple(findings), duplicates=duplicates, key=asked.key, delivery=delivery)
 
     @staticmethod
     def _reused(key: ThreadKey, delivery: str) -> Finding:
@@ -593,14 +601,15 @@ class EventLedger:
 
     def notified(self, server: str, method: str, params: Any, now: float) -> Outcome:
         """A ``notifications/events/*`` on a push stream; its
-        ``_meta[subscriptionId]`` names the stream's request."""
+        ``_meta[subscriptionId]`` names the stream's request (its id, keyed
+        as ``jsonrpc.request_key`` keys it, as ``requested`` was told)."""
         if not isinstance(params, dict):
             return NOTHING
         meta = params.get("_meta")
-        subscription = meta.get(SUBSCRIPTION_ID) if isinstance(meta, dict) else None
-        if isinstance(subscription, bool) or not isinstance(subscription, (str, int)):
+        subscription = request_key(meta.get(SUBSCRIPTION_ID)) if isinstance(meta, dict) else None
+        if subscription is None:
             return NOTHING
-        stream = self._streams.get((server, str(subscription)))
+        stream = self._streams.get((server, subscription))
         if stream is None:
             return NOTHING
         stream.last_heard = now
@@ -615,7 +624,7 @@ class EventLedger:
             if "cursor" in params:
                 thread.receive(_cursor(params))
             findings = (self._reused(key, "push"),) if reused else ()
-            return Outcome(findings, duplicates=duplicate)
+            return Outcome(findings, duplicates=duplicate, key=key, delivery="push")
         if method == HEARTBEAT:
             beat = stream.last_beat
             if beat is not None and now - beat >= MIN_INTERVAL and not was_silent:
@@ -626,7 +635,7 @@ class EventLedger:
                 thread.receive(_cursor(params))
             return NOTHING
         if method == TERMINATED:
-            del self._streams[(server, str(subscription))]
+            del self._streams[(server, subscription)]
             thread.live_streams = max(0, thread.live_streams - 1)
             error = params.get("error")
             kind = None
@@ -647,7 +656,10 @@ class EventLedger:
                         "is delivered until the client subscribes again",
                         error=str(kind)[:MAX_NAME] if kind is not None else None,
                     ),
-                )
+                ),
+                key=key,
+                delivery="push",
+                stream="ended",
             )
         return NOTHING  # error: transient, the stream goes on
 
@@ -703,7 +715,7 @@ class EventLedger:
         thread.live_streams = max(0, thread.live_streams - 1)
         if cut:
             thread.cut_at = now
-        return NOTHING
+        return Outcome(key=stream.key, delivery="push", stream="ended")
 
     # ------------------------------------------------------------ time
 
