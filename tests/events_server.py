@@ -654,14 +654,15 @@ class EventsServer:
             await send({"type": "http.response.body", "more_body": True,
                         "body": f"event: message\ndata: {json.dumps(frame)}\n\n".encode()})
 
-        head_cursor = self.cursor(spec.name, start.offset - 1)
-        await notify("notifications/events/active",
-                     {"cursor": head_cursor, self.dialect.gap_field: start.truncated})
-        self.log.cursor_out(exchange, "active", head_cursor)
+        # Registered before ``active`` goes out: a client that saw it can act on the stream.
         with self._lock:
             self._streams.append(stream)
         ending = "client_closed"
         try:
+            head_cursor = self.cursor(spec.name, start.offset - 1)
+            await notify("notifications/events/active",
+                         {"cursor": head_cursor, self.dialect.gap_field: start.truncated})
+            self.log.cursor_out(exchange, "active", head_cursor)
             last_beat = time.monotonic()
             while not gone.is_set():
                 stream.wake.clear()
