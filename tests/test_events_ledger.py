@@ -86,11 +86,24 @@ def test_a_cursor_expired_error_is_truncated():
     assert kinds(outcome) == [Kind.TRUNCATED]
 
 
-def test_other_errors_are_no_finding():
+def test_other_errors_are_no_finding_before_a_subscription_held():
     ledger = EventLedger()
-    poll(ledger, "1", "c1")
+    poll(ledger, "1", None)
     error = {"code": -32602, "message": "unknown event type"}
     assert not ledger.answered(SERVER, "1", {"id": "1", "error": error}, 0, 0)
+
+
+def test_a_poll_error_ends_a_subscription_the_thread_held():
+    ledger = EventLedger()
+    poll(ledger, "1", None)
+    page(ledger, "1", "c1")
+    poll(ledger, "2", "c1")
+    error = {"code": -32024, "message": "Forbidden", "data": {"reason": "Access revoked"}}
+    outcome = ledger.answered(SERVER, "2", {"id": "2", "error": error}, 0, 0)
+    assert kinds(outcome) == [Kind.TERMINATED]
+    assert outcome.findings[0].error == "-32024"
+    # Starting again from now after the server ended it loses nothing more.
+    assert not poll(ledger, "3", None).findings
 
 
 def test_truncated_from_now_is_no_loss():
@@ -281,6 +294,15 @@ def test_a_refreshed_or_unsubscribed_webhook_does_not_lapse():
     subscribed(ledger, "2", 2_000_000)
     assert not ledger.due(0.0, 1500.0, WINDOW)
     ledger.requested(SERVER, "3", "events/unsubscribe", {"id": "sub-1"}, 0.0)
+    assert not ledger.due(0.0, 5000.0, WINDOW)
+
+
+def test_an_unsubscribe_by_name_ends_the_webhook():
+    ledger = EventLedger()
+    subscribe(ledger, "1")
+    subscribed(ledger, "1", 1_000_000)
+    unsubscribe = {"name": "push", "arguments": {}, "delivery": {"url": "http://127.0.0.1/hook"}}
+    ledger.requested(SERVER, "2", "events/unsubscribe", unsubscribe, 0.0)
     assert not ledger.due(0.0, 5000.0, WINDOW)
 
 

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .events import METHODS, STREAM, EventLedger, Outcome
+from .events import METHODS, STREAM, SUBSCRIBE, EventLedger, Outcome
 from .forks import renew_after_fork
 from .jsonrpc import loads, request_key
 
@@ -175,6 +175,8 @@ class EventReports:
                     outcomes.append(ledger.answered(facts.server, key, message, now, wall))
         for outcome in outcomes:
             self._events_found(outcome)
+        if SUBSCRIBE in kept.values():
+            self._events_schedule()  # its refreshBefore is a moment to wait for
 
     def events_stream_fed(self, context: StreamContext, feed: Any) -> None:
         """An events/stream's SSE answer is read through ``feed``: what its

@@ -431,9 +431,17 @@ class EventLedger:
         if not isinstance(params, dict):
             params = {}
         if method == UNSUBSCRIBE:
+            # By the subscription's id, or by what names it (its type and
+            # arguments, and its delivery's url): every webhook of the thread.
             subscription = _name(params.get("id"))
             if subscription is not None:
                 self._webhooks.pop((server, subscription), None)
+            name = _name(params.get("name"))
+            if name is not None:
+                key = ThreadKey(server, name, arguments_digest(params.get("arguments")))
+                for known, webhook in list(self._webhooks.items()):
+                    if webhook.key == key:
+                        del self._webhooks[known]
             return NOTHING
         name = _name(params.get("name"))
         if name is None or method not in DELIVERY:
@@ -524,6 +532,27 @@ class EventLedger:
                             "between it and what the server still holds are gone",
                         ),
                     )
+                )
+            error = message.get("error")
+            if asked.method == POLL and thread.held and isinstance(error, dict):
+                # A poll's error is how the server ends a subscription it
+                # held (forbidden, gone): what was published since is not
+                # delivered until the client subscribes again.
+                thread.receive(None)
+                code = error.get("code", error.get("message"))
+                return Outcome(
+                    (
+                        Finding(
+                            Kind.TERMINATED,
+                            asked.key,
+                            delivery,
+                            "the server answered the poll with an error: the subscription "
+                            "it held has ended",
+                            error=str(code)[:MAX_NAME] if code is not None else None,
+                        ),
+                    ),
+                    key=asked.key,
+                    delivery=delivery,
                 )
             return NOTHING
         result = message.get("result")
@@ -701,7 +730,7 @@ class EventLedger:
             if asked.reopening and isinstance(asked.supplied, str):
                 reopened = Reopened(stream.key, proven=not truncated and not findings)
         thread.receive(cursor)
-        return Outcome(tuple(findings), reopened)
+        return Outcome(tuple(findings), reopened, key=stream.key, delivery="push")
 
     def stream_ended(self, server: str, request_id: str, cut: bool, now: float) -> Outcome:
         """A push stream's response ended.  ``cut``: by an error, or by the
