@@ -57,6 +57,11 @@ CURSOR_EXPIRED = -32011  # the dialect some servers use instead of ``truncated``
 _HTTP_STATUS = {-32700: 400, -32600: 400, INVALID_PARAMS: 400, HEADER_MISMATCH: 400,
                 UNSUPPORTED_PROTOCOL_VERSION: 400, METHOD_NOT_FOUND: 404}
 
+ADMIN_CONTROLS = frozenset({
+    "publish", "set_heartbeat", "stop_heartbeats", "silence", "resume", "send_error",
+    "terminate", "fail_next_poll", "cut", "close_streams", "restart", "open_streams",
+    "webhook_ids"})
+
 REPLAYABLE = "ticket.created"
 NO_REPLAY = "presence.changed"
 
@@ -328,6 +333,14 @@ class EventsServer:
         for stream in self._select(request_id):
             stream.silent = True
 
+    def resume(self, request_id: object = None) -> None:
+        """Silenced streams speak again, from where they stopped: a stream that
+        fell more than the retention behind gets a fresh ``active`` with
+        ``truncated: true`` first."""
+        for stream in self._select(request_id):
+            stream.silent = False
+            self._wake(stream.wake)
+
     def send_error(self, request_id: object = None, *, code: int = INTERNAL_ERROR,
                    message: str = "UpstreamError", data: dict | None = None) -> None:
         """A transient ``notifications/events/error`` on open streams."""
@@ -487,6 +500,9 @@ class EventsServer:
     async def _app(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
+        if scope["path"].startswith("/admin/"):
+            await self._admin(scope, receive, send)
+            return
         if scope["path"] != "/mcp":
             await _respond(send, 404, None)
             return
@@ -541,6 +557,29 @@ class EventsServer:
                            {"jsonrpc": "2.0", "id": request_id, "error": error.body()})
             return
         await _respond(send, 200, {"jsonrpc": "2.0", "id": request_id, "result": result})
+
+    async def _admin(self, scope, receive, send) -> None:
+        """``POST /admin/<control>`` with the keyword arguments as a JSON object,
+        ``GET /admin/log``: the controls for a server run as a subprocess."""
+        name = scope["path"][len("/admin/"):]
+        if name == "log":
+            await _respond(send, 200, self.log.snapshot())
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if name not in ADMIN_CONTROLS:
+            await _respond(send, 404, {"error": f"no control {name!r}"})
+            return
+        try:
+            value = getattr(self, name)(**(json.loads(body) if body else {}))
+        except (TypeError, ValueError, KeyError) as error:
+            await _respond(send, 400, {"error": repr(error)})
+            return
+        await _respond(send, 200, {"result": value})
 
     def _check_envelope(self, request: dict, headers: dict[str, str]) -> None:
         """The 2026-07-28 per-request ladder, in the mcp 2.x server's order."""
@@ -948,3 +987,33 @@ async def _await(predicate, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {timeout}s for {what}")
         await asyncio.sleep(0.01)
+
+
+def main() -> None:
+    """Run as a subprocess: print ``{"url": ..., "admin": ...}`` on one line,
+    serve until stdin closes or SIGTERM."""
+    import argparse
+    import signal
+    import sys
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--retention", type=int, default=20)
+    parser.add_argument("--heartbeat", type=float, default=1.0)
+    parser.add_argument("--capability", default="extension")
+    parser.add_argument("--gap-field", default="truncated")
+    parser.add_argument("--poll-interval", default="nextPollMs")
+    parser.add_argument("--expired-error", action="store_true")
+    args = parser.parse_args()
+    dialect = Dialect(args.capability, args.gap_field, args.poll_interval, args.expired_error)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with EventsServer(retention=args.retention, heartbeat_s=args.heartbeat,
+                      dialect=dialect) as server:
+        print(json.dumps({"url": server.url, "admin": server.url[:-len("/mcp")] + "/admin"}),
+              flush=True)
+        threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+        stop.wait()
+
+
+if __name__ == "__main__":
+    main()
