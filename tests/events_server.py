@@ -2,16 +2,49 @@
 SEP-3415) on the 2026-07-28 streamable HTTP transport, for the tests.
 
 No SDK ships a poll or push events server, so this one follows the
-specification to the letter, on plain Starlette-free ASGI under uvicorn: it
-runs in both test environments and needs no MCP SDK.  Stateless: no
-``initialize``, no session; ``server/discover`` declares the extension.
+specification to the letter, as a bare ASGI app under uvicorn: it runs in
+both test environments and needs no MCP SDK.  Stateless: no ``initialize``,
+no session; ``server/discover`` declares the extension; every request passes
+the 2026-07-28 ladder (``_meta`` envelope, ``MCP-Protocol-Version`` and
+``Mcp-Method`` headers) as the mcp 2.x server runs it.
 
-Everything it publishes, hands out and skips goes to :class:`EventsLog`
-(``server.log``), the ground truth the product's verdicts are compared with.
-Controls are plain methods, safe from any thread: :meth:`publish`,
-:meth:`set_heartbeat`, :meth:`stop_heartbeats`, :meth:`silence`,
-:meth:`send_error`, :meth:`terminate`, :meth:`cut`, :meth:`close_streams`,
-:meth:`restart`.  See ``docs/tests.md`` for the whole API.
+Start: ``with EventsServer(retention=5, heartbeat_s=0.1) as server:`` (or
+``.start()`` / ``.close()``); ``server.url`` is the MCP endpoint on a free
+127.0.0.1 port.  Two event types: :data:`REPLAYABLE` (poll, push, webhook;
+the last ``retention`` events can be replayed) and :data:`NO_REPLAY` (push,
+webhook; cursor always null).  Both take ``arguments: {"project": str}``.
+Cursors are opaque (base64 of epoch, type and offset).
+
+Controls, safe from any thread; ``request_id`` = None means every open stream:
+
+- ``publish(type, count=1, project="alpha", data=None) -> [eventId]``
+- ``set_heartbeat(seconds)``; ``stop_heartbeats(request_id)`` (events still
+  flow); ``silence(request_id)`` (nothing at all, the stream stays open);
+  ``resume(request_id)``
+- ``send_error(request_id, code, message, data)``: a transient error
+- ``terminate(request_id, code=-32024, message, data)``: ``terminated`` then
+  the final result; with None (or a webhook id) also a ``terminated``
+  envelope to webhook subscriptions
+- ``fail_next_poll(code, message, data)``: poll's termination signal
+- ``cut(request_id)``: the connection closed, nothing said
+- ``close_streams(request_id)``: the final empty result, nothing else
+- ``restart(lose_retention=False)``: streams cut, webhook subscriptions
+  forgotten; with ``lose_retention`` a new epoch, so old cursors truncate
+- ``open_streams()``, ``wait_streams(n)`` / ``await await_streams(n)``,
+  ``webhook_ids()``, ``cursor(type, offset)``
+
+Dialects: ``EventsServer(dialect=Dialect(capability="top-level",
+gap_field="cursorGap", poll_interval="nextPollSeconds", expired_error=True))``.
+
+Ground truth: ``server.log`` (:class:`events_log.EventsLog`): published
+events with their offsets, one :class:`~events_log.Exchange` per request
+(``exchange(request_id, method)``: cursor in, start offset, truncated,
+eventIds delivered, cursors out, how it ended), ``truncations()`` with the
+skipped offsets and eventIds, ``delivered_ids(request_id)``.
+
+As a subprocess: ``python tests/events_server.py [--retention N] [--heartbeat S]``
+prints ``{"url", "admin"}``; ``POST admin/<control>`` with the keyword
+arguments as JSON, ``GET admin/log``; stdin closed or SIGTERM stops it.
 """
 
 from __future__ import annotations
