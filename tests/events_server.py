@@ -446,7 +446,8 @@ class EventsServer:
     def _act(self, request_id: object, action: tuple[str, object] | None) -> None:
         for stream in self._select(request_id):
             if action is not None:
-                stream.actions.append(action)
+                with self._lock:
+                    stream.actions.append(action)
             self._wake(stream.wake)
 
     def _wake(self, event: asyncio.Event) -> None:
@@ -738,7 +739,8 @@ class EventsServer:
             last_beat = time.monotonic()
             while not gone.is_set():
                 stream.wake.clear()
-                actions, stream.actions = stream.actions, []
+                with self._lock:  # a control appends from another thread
+                    actions, stream.actions = stream.actions, []
                 finish = None
                 for kind, error in actions:
                     if kind == "error" and not stream.silent:
