@@ -136,6 +136,16 @@ class EventsLog:
         with self._lock:
             return [(self._exchanges[s].request_id, c) for s, c in self._cursors_received]
 
+    def snapshot(self) -> dict:
+        """The whole record as JSON-ready data (the admin endpoint's ``/admin/log``)."""
+        return {
+            "published": [p.__dict__ for p in self.published_events()],
+            "exchanges": [e.__dict__ for e in self.exchanges()],
+            "truncations": [t.__dict__ for t in self.truncations()],
+            "cursors_received": self.cursors_received(),
+            "webhook_posts": self.webhook_posts(),
+        }
+
     def webhook_posts(self) -> list[dict]:
         with self._lock:
             return [dict(p) for p in self._webhook_posts]

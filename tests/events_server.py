@@ -2,16 +2,49 @@
 SEP-3415) on the 2026-07-28 streamable HTTP transport, for the tests.
 
 No SDK ships a poll or push events server, so this one follows the
-specification to the letter, on plain Starlette-free ASGI under uvicorn: it
-runs in both test environments and needs no MCP SDK.  Stateless: no
-``initialize``, no session; ``server/discover`` declares the extension.
+specification to the letter, as a bare ASGI app under uvicorn: it runs in
+both test environments and needs no MCP SDK.  Stateless: no ``initialize``,
+no session; ``server/discover`` declares the extension; every request passes
+the 2026-07-28 ladder (``_meta`` envelope, ``MCP-Protocol-Version`` and
+``Mcp-Method`` headers) as the mcp 2.x server runs it.
 
-Everything it publishes, hands out and skips goes to :class:`EventsLog`
-(``server.log``), the ground truth the product's verdicts are compared with.
-Controls are plain methods, safe from any thread: :meth:`publish`,
-:meth:`set_heartbeat`, :meth:`stop_heartbeats`, :meth:`silence`,
-:meth:`send_error`, :meth:`terminate`, :meth:`cut`, :meth:`close_streams`,
-:meth:`restart`.  See ``docs/tests.md`` for the whole API.
+Start: ``with EventsServer(retention=5, heartbeat_s=0.1) as server:`` (or
+``.start()`` / ``.close()``); ``server.url`` is the MCP endpoint on a free
+127.0.0.1 port.  Two event types: :data:`REPLAYABLE` (poll, push, webhook;
+the last ``retention`` events can be replayed) and :data:`NO_REPLAY` (push,
+webhook; cursor always null).  Both take ``arguments: {"project": str}``.
+Cursors are opaque (base64 of epoch, type and offset).
+
+Controls, safe from any thread; ``request_id`` = None means every open stream:
+
+- ``publish(type, count=1, project="alpha", data=None) -> [eventId]``
+- ``set_heartbeat(seconds)``; ``stop_heartbeats(request_id)`` (events still
+  flow); ``silence(request_id)`` (nothing at all, the stream stays open);
+  ``resume(request_id)``
+- ``send_error(request_id, code, message, data)``: a transient error
+- ``terminate(request_id, code=-32024, message, data)``: ``terminated`` then
+  the final result; with None (or a webhook id) also a ``terminated``
+  envelope to webhook subscriptions
+- ``fail_next_poll(code, message, data)``: poll's termination signal
+- ``cut(request_id)``: the connection closed, nothing said
+- ``close_streams(request_id)``: the final empty result, nothing else
+- ``restart(lose_retention=False)``: streams cut, webhook subscriptions
+  forgotten; with ``lose_retention`` a new epoch, so old cursors truncate
+- ``open_streams()``, ``wait_streams(n)`` / ``await await_streams(n)``,
+  ``webhook_ids()``, ``cursor(type, offset)``
+
+Dialects: ``EventsServer(dialect=Dialect(capability="top-level",
+gap_field="cursorGap", poll_interval="nextPollSeconds", expired_error=True))``.
+
+Ground truth: ``server.log`` (:class:`events_log.EventsLog`): published
+events with their offsets, one :class:`~events_log.Exchange` per request
+(``exchange(request_id, method)``: cursor in, start offset, truncated,
+eventIds delivered, cursors out, how it ended), ``truncations()`` with the
+skipped offsets and eventIds, ``delivered_ids(request_id)``.
+
+As a subprocess: ``python tests/events_server.py [--retention N] [--heartbeat S]``
+prints ``{"url", "admin"}``; ``POST admin/<control>`` with the keyword
+arguments as JSON, ``GET admin/log``; stdin closed or SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -56,6 +89,11 @@ CURSOR_EXPIRED = -32011  # the dialect some servers use instead of ``truncated``
 # As the mcp 2.x server maps JSON-RPC errors to HTTP statuses; others are 200.
 _HTTP_STATUS = {-32700: 400, -32600: 400, INVALID_PARAMS: 400, HEADER_MISMATCH: 400,
                 UNSUPPORTED_PROTOCOL_VERSION: 400, METHOD_NOT_FOUND: 404}
+
+ADMIN_CONTROLS = frozenset({
+    "publish", "set_heartbeat", "stop_heartbeats", "silence", "resume", "send_error",
+    "terminate", "fail_next_poll", "cut", "close_streams", "restart", "open_streams",
+    "webhook_ids"})
 
 REPLAYABLE = "ticket.created"
 NO_REPLAY = "presence.changed"
@@ -328,6 +366,14 @@ class EventsServer:
         for stream in self._select(request_id):
             stream.silent = True
 
+    def resume(self, request_id: object = None) -> None:
+        """Silenced streams speak again, from where they stopped: a stream that
+        fell more than the retention behind gets a fresh ``active`` with
+        ``truncated: true`` first."""
+        for stream in self._select(request_id):
+            stream.silent = False
+            self._wake(stream.wake)
+
     def send_error(self, request_id: object = None, *, code: int = INTERNAL_ERROR,
                    message: str = "UpstreamError", data: dict | None = None) -> None:
         """A transient ``notifications/events/error`` on open streams."""
@@ -400,7 +446,8 @@ class EventsServer:
     def _act(self, request_id: object, action: tuple[str, object] | None) -> None:
         for stream in self._select(request_id):
             if action is not None:
-                stream.actions.append(action)
+                with self._lock:
+                    stream.actions.append(action)
             self._wake(stream.wake)
 
     def _wake(self, event: asyncio.Event) -> None:
@@ -487,6 +534,9 @@ class EventsServer:
     async def _app(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
+        if scope["path"].startswith("/admin/"):
+            await self._admin(scope, receive, send)
+            return
         if scope["path"] != "/mcp":
             await _respond(send, 404, None)
             return
@@ -541,6 +591,29 @@ class EventsServer:
                            {"jsonrpc": "2.0", "id": request_id, "error": error.body()})
             return
         await _respond(send, 200, {"jsonrpc": "2.0", "id": request_id, "result": result})
+
+    async def _admin(self, scope, receive, send) -> None:
+        """``POST /admin/<control>`` with the keyword arguments as a JSON object,
+        ``GET /admin/log``: the controls for a server run as a subprocess."""
+        name = scope["path"][len("/admin/"):]
+        if name == "log":
+            await _respond(send, 200, self.log.snapshot())
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if name not in ADMIN_CONTROLS:
+            await _respond(send, 404, {"error": f"no control {name!r}"})
+            return
+        try:
+            value = getattr(self, name)(**(json.loads(body) if body else {}))
+        except (TypeError, ValueError, KeyError) as error:
+            await _respond(send, 400, {"error": repr(error)})
+            return
+        await _respond(send, 200, {"result": value})
 
     def _check_envelope(self, request: dict, headers: dict[str, str]) -> None:
         """The 2026-07-28 per-request ladder, in the mcp 2.x server's order."""
@@ -666,7 +739,8 @@ class EventsServer:
             last_beat = time.monotonic()
             while not gone.is_set():
                 stream.wake.clear()
-                actions, stream.actions = stream.actions, []
+                with self._lock:  # a control appends from another thread
+                    actions, stream.actions = stream.actions, []
                 finish = None
                 for kind, error in actions:
                     if kind == "error" and not stream.silent:
@@ -948,3 +1022,33 @@ async def _await(predicate, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {timeout}s for {what}")
         await asyncio.sleep(0.01)
+
+
+def main() -> None:
+    """Run as a subprocess: print ``{"url": ..., "admin": ...}`` on one line,
+    serve until stdin closes or SIGTERM."""
+    import argparse
+    import signal
+    import sys
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--retention", type=int, default=20)
+    parser.add_argument("--heartbeat", type=float, default=1.0)
+    parser.add_argument("--capability", default="extension")
+    parser.add_argument("--gap-field", default="truncated")
+    parser.add_argument("--poll-interval", default="nextPollMs")
+    parser.add_argument("--expired-error", action="store_true")
+    args = parser.parse_args()
+    dialect = Dialect(args.capability, args.gap_field, args.poll_interval, args.expired_error)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with EventsServer(retention=args.retention, heartbeat_s=args.heartbeat,
+                      dialect=dialect) as server:
+        print(json.dumps({"url": server.url, "admin": server.url[:-len("/mcp")] + "/admin"}),
+              flush=True)
+        threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+        stop.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -550,8 +550,7 @@ def test_webhook_retries_then_expires_past_refresh_before(events):
         posts = receiver.received()
     assert [p["status"] for p in posts] == [503, 200]
     assert [p["body"]["eventId"] for p in posts] == published * 2
-    assert posts[0]["headers"]["webhook-signature"] != posts[1]["headers"]["webhook-signature"] \
-        or posts[0]["headers"]["webhook-timestamp"] == posts[1]["headers"]["webhook-timestamp"]
+    assert all(WebhookReceiver.verify(post, secret) for post in posts)  # each attempt signed
     assert events.webhook_ids() == []
 
 
@@ -571,3 +570,112 @@ def test_webhook_terminate_posts_a_signed_envelope(events):
     assert post["headers"]["webhook-id"].startswith("msg_terminated_")
     assert WebhookReceiver.verify(post, secret)
     assert events.log.exchange(subscribed["id"], "webhook").ended == "terminated"
+
+
+def test_a_stream_resumed_past_retention_gets_a_fresh_truncated_active(events):
+    async def scenario():
+        async with one_stream(events, "slow") as stream:
+            events.silence()
+            published = events.publish(REPLAYABLE, 7)  # retention is 5
+            events.resume()
+            got = [(await stream.next_event())["eventId"] for _ in range(5)]
+            actives = [m for m in stream.messages if m["method"] == "notifications/events/active"]
+            return published, got, actives
+
+    published, got, actives = run(scenario())
+    assert [a["params"]["truncated"] for a in actives] == [False, True]
+    assert got == published[2:]
+    (truncation,) = events.log.truncations()
+    assert truncation.reason == "stream_behind"
+    assert list(truncation.skipped_event_ids) == published[:2]
+
+
+# -- other clients -------------------------------------------------------------
+@pytest.mark.mcp2
+def test_the_mcp2_client_polls_and_streams_with_raw_requests(events):
+    from typing import Any
+
+    import mcp_types
+    from mcp import Client
+    from mcp.client.extension import ClientExtension, NotificationBinding
+    from pydantic import BaseModel, ConfigDict, TypeAdapter
+
+    class Params(BaseModel):
+        model_config = ConfigDict(extra="allow")
+
+    seen: list[tuple[str, dict]] = []
+
+    class Events(ClientExtension):
+        identifier = EXTENSION
+
+        def notifications(self):
+            def binding(method):
+                async def handler(params):
+                    seen.append((method, params.model_dump(by_alias=True)))
+
+                return NotificationBinding(method=method, params_type=Params, handler=handler)
+
+            return [binding(f"notifications/events/{kind}")
+                    for kind in ("active", "event", "heartbeat", "terminated")]
+
+    def request(method: str, params: dict):
+        return mcp_types.Request[dict[str, Any], str](method=method, params=params)
+
+    answers = TypeAdapter(dict[str, Any])
+
+    async def scenario():
+        async with Client(events.url, extensions=[Events()]) as client:
+            start = await client.session.send_request(
+                request("events/poll", {"name": REPLAYABLE, "cursor": None}), answers)
+            published = events.publish(REPLAYABLE, 2)
+            polled = await client.session.send_request(
+                request("events/poll", {"name": REPLAYABLE, "cursor": start["cursor"]}), answers)
+            streaming = asyncio.ensure_future(client.session.send_request(
+                request("events/stream", {"name": REPLAYABLE, "cursor": start["cursor"]}),
+                answers))
+            await until(lambda: sum(m.endswith("/event") for m, _ in seen) == 2)
+            events.terminate()
+            final = await asyncio.wait_for(streaming, 15)
+            return published, polled, final
+
+    published, polled, final = run(scenario())
+    assert [e["eventId"] for e in polled["events"]] == published
+    assert [p["eventId"] for m, p in seen if m.endswith("/event")] == published
+    assert seen[0][0] == "notifications/events/active" and seen[-1][0].endswith("/terminated")
+    assert final["resultType"] == "complete"
+
+
+def test_as_a_subprocess_with_the_admin_endpoint(tmp_path):
+    import json
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    script = Path(__file__).with_name("events_server.py")
+    process = subprocess.Popen([sys.executable, str(script), "--retention", "3"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        where = json.loads(process.stdout.readline())
+
+        def admin(name: str, **kwargs):
+            data = json.dumps(kwargs).encode()
+            with urllib.request.urlopen(f"{where['admin']}/{name}", data=data) as answer:
+                return json.loads(answer.read())["result"]
+
+        async def scenario():
+            async with EventsWire(where["url"]) as wire:
+                start = await wire.poll(REPLAYABLE, request_id="sp")
+                published = admin("publish", type=REPLAYABLE, count=4)
+                return published, await wire.poll(REPLAYABLE, start["cursor"], request_id="sp2")
+
+        published, answer = run(scenario())
+        with urllib.request.urlopen(f"{where['admin']}/log") as answer_log:
+            log = json.loads(answer_log.read())
+    finally:
+        process.stdin.close()
+        assert process.wait(20) == 0
+    assert answer["truncated"] is True
+    assert [e["eventId"] for e in answer["events"]] == published[1:]
+    assert log["truncations"][0]["skipped_event_ids"] == published[:1]
+    assert [p["event_id"] for p in log["published"]] == published
