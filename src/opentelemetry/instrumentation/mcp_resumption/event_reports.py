@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .events import METHODS, STREAM, SUBSCRIBE, EventLedger, Outcome
@@ -47,6 +48,13 @@ MIN_TICK = 0.05
 MAX_MESSAGE_BYTES = 1024 * 1024
 # Servers whose address is kept for findings decided by time alone.
 MAX_SERVERS = 1024
+# With shared state: a thread's last cursor (its digest) is written at most
+# this often (seconds), never per event; kept this long after its last
+# write; and the threads asked of the fleet once (then forgotten, and asked
+# again).
+SAVE_EVERY = 5.0
+THREAD_TTL = 24 * 3600
+MAX_ASKED = 4096
 
 
 def follows_events(body: bytes) -> bool:
@@ -78,6 +86,11 @@ class _Room:
         self.servers: dict[str, tuple[str, int | None]] = {}
         self.tick: list | None = None
         self.tick_at = 0.0
+        # With shared state: threads whose last cursor changed since the
+        # last save, and the threads already asked of the fleet.
+        self.dirty = False
+        self.saved_at = 0.0
+        self.asked: dict[Any, None] = {}
         renew_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -113,6 +126,8 @@ class EventReports:
         messages = parsed if isinstance(parsed, list) else [parsed]
         found: dict[str, str] = {}
         outcomes: list[Outcome] = []
+        if self.tracker.store.shared:
+            self._inherit(facts.server, messages)
         now = time.monotonic()
         with self._events.lock:
             servers = self._events.servers
@@ -142,6 +157,53 @@ class EventReports:
                 )
             self._events_found(outcome)
         self._events_schedule()
+
+    def _inherit(self, server: str, messages: list[Any]) -> None:
+        """Threads this process has not seen yet: their last cursor as the
+        fleet has it (a predecessor's, another replica's), so that a restart
+        that starts from now is judged against it.  One bounded read per
+        thread, the first time (never per event)."""
+        ledger, room, store = self.event_ledger, self._events, self.tracker.store
+        for message in messages:
+            if not isinstance(message, dict) or message.get("method") not in METHODS:
+                continue
+            with room.lock:
+                key = ledger.thread_key(server, message.get("params"))
+                if key is None or ledger.knows(key) or key in room.asked:
+                    continue
+                if len(room.asked) >= MAX_ASKED:
+                    room.asked.clear()
+                room.asked[key] = None
+            stored = store.call(lambda client, key=key: client.get(_redis_key(store, key)))
+            if isinstance(stored, bytes):
+                stored = stored.decode("ascii", "replace")
+            try:
+                last = bytes.fromhex(stored) if isinstance(stored, str) else None
+            except ValueError:
+                last = None
+            if last:
+                with room.lock:
+                    ledger.inherit(key, last)
+
+    def events_stop_waiting(self) -> None:
+        """The client stops (the process exits): with shared state, the last
+        cursors not written yet are queued for the store's last writes."""
+        self._save(force=True)
+
+    def _save(self, force: bool = False) -> None:
+        store = self.tracker.store
+        room = self._events
+        if not store.shared or not room.dirty:
+            return
+        now = time.monotonic()
+        with room.lock:
+            if not force and now - room.saved_at < SAVE_EVERY:
+                return
+            room.dirty = False
+            room.saved_at = now
+            unsaved = self.event_ledger.unsaved()
+        for key, last in unsaved:
+            store.submit(partial(_write_thread, _redis_key(store, key), last.hex()))
 
     def events_answered(self, facts: RequestFacts, answer: bytes | str) -> None:
         """A JSON answer, or an SSE event's data, on the answer of a request
@@ -173,6 +235,7 @@ class EventReports:
                 key = request_key(message.get("id"))
                 if key is not None and key in kept:
                     outcomes.append(ledger.answered(facts.server, key, message, now, wall))
+            self._events.dirty = True
         for outcome in outcomes:
             self._events_found(outcome)
         if SUBSCRIBE in kept.values():
@@ -248,6 +311,7 @@ class EventReports:
                 time.monotonic(), time.time(), self.settings.confirm_timeout
             )
         self._events_found(outcome)
+        self._save()
         self._events_schedule()
 
     def _events_schedule(self) -> None:
@@ -258,6 +322,8 @@ class EventReports:
             wait = self.event_ledger.next_due(now, time.time(), self.settings.confirm_timeout)
             if self._events.watched:
                 wait = TICK if wait is None else min(wait, TICK)
+            if self._events.dirty and self.tracker.store.shared:
+                wait = SAVE_EVERY if wait is None else min(wait, SAVE_EVERY)
             if wait is None:
                 return
             wait = max(wait, MIN_TICK)
@@ -290,3 +356,13 @@ class EventReports:
 
     def _event_server(self, server: str) -> tuple[str, int | None]:
         return self._events.servers.get(server) or (server, None)
+
+
+def _redis_key(store: Any, key: Any) -> str:
+    """The shared state's key of a thread: each part under the store's
+    keyed hash (never the server, event type or arguments' digest raw)."""
+    return store.key("event", key[0], key[1], key[2])
+
+
+def _write_thread(name: str, value: str, pipeline: Any) -> None:
+    pipeline.set(name, value, ex=THREAD_TTL)

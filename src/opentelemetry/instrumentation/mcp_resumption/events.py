@@ -302,6 +302,7 @@ class _Thread:
     ids: OrderedDict[str, bytes] = field(default_factory=OrderedDict)
     cut_at: float | None = None  # a push stream of it was cut: waiting for a reopen
     live_streams: int = 0
+    saved: bytes | None = None  # the last cursor's digest as the shared state has it
 
     def receive(self, cursor: Any) -> None:
         """The client received ``cursor`` (a string, or None: null)."""
@@ -413,13 +414,34 @@ class EventLedger:
         thread = self._threads.get(key)
         return thread.last if thread is not None else None
 
+    def thread_key(self, server: str, params: Any) -> ThreadKey | None:
+        """The thread an ``events/poll``, ``events/stream`` or
+        ``events/subscribe`` with ``params`` belongs to."""
+        name = _name(params.get("name")) if isinstance(params, dict) else None
+        if name is None:
+            return None
+        return ThreadKey(server, name, arguments_digest(params.get("arguments")))
+
+    def knows(self, key: ThreadKey) -> bool:
+        return key in self._threads
+
     def inherit(self, key: ThreadKey, last: bytes) -> None:
-        """The last cursor (its digest) a predecessor's thread held: a
-        request of this process is judged against it."""
+        """The last cursor (its digest) a predecessor's thread held (the
+        shared state): this process's requests are judged against it."""
         thread = self._thread(key)
-        if thread is not None and thread.last is None:
-            thread.last = last
+        if thread is not None and thread.last is None and not thread.held:
+            thread.last = thread.saved = last
             thread.held = True
+
+    def unsaved(self) -> list[tuple[ThreadKey, bytes]]:
+        """The threads whose last cursor the shared state does not have yet,
+        marked saved (the caller writes them)."""
+        found = []
+        for key, thread in self._threads.items():
+            if thread.last is not None and thread.last != thread.saved:
+                thread.saved = thread.last
+                found.append((key, thread.last))
+        return found
 
     # ------------------------------------------------------------ requests
 
