@@ -361,6 +361,60 @@ def task_cases() -> list[dict[str, Any]]:
     return cases
 
 
+def event_gaps(kind: str, values: str, server: dict = SERVER, name: str = "ticket.created",
+               **labels: str) -> dict[str, str]:
+    """The event-gap series of one event type: the plugin starts every kind
+    at 0 when a subscription to the type is first seen."""
+    return series("mcp_client_resumption_event_gaps_total", values, **server,
+                  mcp_events_delivery="push", mcp_events_name=name,
+                  mcp_events_gap_kind=kind, **labels)  # fmt: skip
+
+
+def event_cases() -> list[dict[str, Any]]:
+    lost, degraded = "McpResumptionEventsLost", "McpResumptionEventStreamDegraded"
+    quiet = [event_gaps(kind, "0+1x40") for kind in (
+        "cursor_rewound", "cursor_unknown", "terminated", "delivery_failing", "event_id_reused")]
+    cases = []
+    for kind in ("truncated", "cursor_lost", "not_reopened", "lapsed"):
+        labels = {**SRV, "mcp_events_gap_kind": kind, "mcp_events_name": "ticket.created"}
+        cases.append(case(
+            f"{lost} fires on one {kind} and resolves; the degraded alert stays quiet",
+            [*quiet, event_gaps(kind, "0x10 1x30")],
+            [check(lost, "9m"), check(lost, "13m", expected(lost, **labels)),
+             check(degraded, "13m"), check(lost, "30m")]))
+    for kind in ("stream_silent", "unreplayable_window"):
+        labels = {**SRV, "mcp_events_gap_kind": kind, "mcp_events_name": "ticket.created"}
+        cases.append(case(
+            f"{degraded} fires on one {kind} and resolves; the loss alert stays quiet",
+            [*quiet, event_gaps(kind, "0x10 1x30")],
+            [check(degraded, "9m"), check(degraded, "13m", expected(degraded, **labels)),
+             check(lost, "13m"), check(degraded, "30m")]))
+    cases += [
+        case(f"{lost} quiet: duplicates, unknown cursors, terminated subscriptions",
+             quiet, [check(lost, t) for t in ("5m", "13m", "40m")]),
+        case(f"{lost} quiet after a scrape outage: the loss before it is not news",
+             [event_gaps("truncated", "0x5 1x10 _x15 1x20")],
+             [check(lost, "8m", expected(lost, **SRV, mcp_events_gap_kind="truncated",
+                                         mcp_events_name="ticket.created")),
+              check(lost, "35m"), check(lost, "45m")]),
+        case(f"{lost} quiet on a fresh Prometheus with old counters",
+             [event_gaps(kind, "4x40", server=OLD) for kind in ("truncated", "lapsed")],
+             [check(lost, t) for t in ("5m", "40m")]),
+        case(f"{degraded} quiet: losses and clean kinds only",
+             [*quiet, event_gaps("truncated", "0+1x40")],
+             [check(degraded, t) for t in ("5m", "13m", "40m")]),
+        case(f"{degraded} quiet after a scrape outage: the silence before it is not news",
+             [event_gaps("stream_silent", "0x5 1x10 _x15 1x20")],
+             [check(degraded, "8m", expected(degraded, **SRV, mcp_events_gap_kind="stream_silent",
+                                             mcp_events_name="ticket.created")),
+              check(degraded, "35m"), check(degraded, "45m")]),
+        case(f"{degraded} quiet on a fresh Prometheus with old counters",
+             [event_gaps("stream_silent", "4x40", server=OLD)],
+             [check(degraded, t) for t in ("5m", "40m")]),
+    ]
+    return cases
+
+
 def build() -> dict[str, Any]:
     tests = burn_cases()
     tests += gap_cases("McpResumptionLostToolCall", "orphaned_request", "session_changed")
@@ -383,6 +437,7 @@ def build() -> dict[str, Any]:
         [reissues("may_run_twice", "unknown", "0+1x40")],
     )
     tests += task_cases()
+    tests += event_cases()
     return {"rule_files": ["alerts.yaml"], "evaluation_interval": "1m", "tests": tests}
 
 

@@ -67,6 +67,10 @@ EMITTED_METRICS: tuple[str, ...] = (
     "mcp_client_resumption_task_duration_seconds",
     "mcp_client_resumption_task_polls",
     "mcp_client_resumption_task_unroutable_total",
+    # events: each break of a subscription's thread of cursors
+    "mcp_client_resumption_event_gaps_total",
+    "mcp_client_resumption_event_duplicates_total",
+    "mcp_client_resumption_event_streams_total",
 )
 HISTOGRAMS = frozenset(
     {"mcp_client_resumption_duration_seconds", "mcp_client_resumption_replayed_events",
@@ -159,6 +163,17 @@ METRIC_LABELS: dict[str, frozenset[str]] = {
     "mcp_client_resumption_task_polls": TASK_LABELS,
     "mcp_client_resumption_task_unroutable_total": frozenset(
         {"mcp_transport", "server_address", "server_port"}
+    ),
+    "mcp_client_resumption_event_gaps_total": frozenset(
+        {"mcp_events_gap_kind", "mcp_events_delivery", "mcp_events_name", "server_address",
+         "server_port"}
+    ),
+    "mcp_client_resumption_event_duplicates_total": frozenset(
+        {"mcp_events_delivery", "mcp_events_name", "server_address", "server_port"}
+    ),
+    "mcp_client_resumption_event_streams_total": frozenset(
+        {"mcp_events_stream_state", "mcp_events_delivery", "mcp_events_name", "server_address",
+         "server_port"}
     ),
 }
 

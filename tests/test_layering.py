@@ -24,9 +24,11 @@ ROOMS = (
 )
 # The parts of the owner (issue 30): the bases of ResumptionMonitor, each read
 # alone, none importing another (they meet in the monitor, through ``self``).
-OWNER_PARTS = ("channels", "hops", "findings", "stream_reports", "at_exit", "task_reports")
+OWNER_PARTS = (
+    "channels", "hops", "findings", "stream_reports", "at_exit", "task_reports", "event_reports",
+)
 # The telemetry sink and its parts, lowest first.
-SINK = ("instruments", "call_telemetry", "task_telemetry", "telemetry")
+SINK = ("instruments", "call_telemetry", "task_telemetry", "event_telemetry", "telemetry")
 UPPER = {
     "facts", "redaction", "deadlines", *SINK, "monitor", "processor", "patches",
     *OWNER_PARTS,
@@ -114,7 +116,8 @@ ABOVE = {
 # The pure core: the rules, the ledgers and the tracker with its rooms import
 # the standard library and each other only (no OpenTelemetry, no HTTP client).
 PURE = (
-    "errors", *RULES, "fates", "subscriptions", "tasks", "task_handover", "jsonrpc", "forks",
+    "errors", *RULES, "fates", "subscriptions", "tasks", "task_handover", "events", "jsonrpc",
+    "forks",
     "shared_state", *ROOMS, "tracker",
 )
 

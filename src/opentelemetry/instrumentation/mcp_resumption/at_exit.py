@@ -50,6 +50,7 @@ class AtExit:
         for subscription in (*self.tracker.take_overflow(), *self.tracker.all_subscriptions_due()):
             self.telemetry.count_lost_subscription(subscription)
         self.tasks_stop_waiting()  # every task not ended: abandoned
+        self.events_stop_waiting()  # the last cursors, for the next process
         # The shared state's last writes (bounded): a clean exit takes its
         # requests out of the in-flight ledger, as it counted them itself.
         self.tracker.store.close()

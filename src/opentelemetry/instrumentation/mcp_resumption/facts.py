@@ -64,6 +64,9 @@ class RequestFacts:
     # The requests of the body the task ledger follows (tasks.TaskRequest),
     # by id key; None: none (most requests).
     tasks: dict[str, Any] | None = field(default=None, repr=False)
+    # The events/* requests of the body the event ledger follows, by id key
+    # (their method); None: none (most requests).
+    events: dict[str, str] | None = field(default=None, repr=False)
 
     def ledger(self) -> list[tuple[str, str]] | None:
         """The JSON-RPC requests in the body (see ``requests``)."""

@@ -191,6 +191,9 @@ class Instruments:
             *sc.TASK_POLLS, explicit_bucket_boundaries_advisory=sc.TASK_POLL_BUCKETS
         )
         self.task_unroutable = meter.create_counter(*sc.TASK_UNROUTABLE)
+        self.event_gaps = meter.create_counter(*sc.EVENT_GAPS)
+        self.event_duplicates = meter.create_counter(*sc.EVENT_DUPLICATES)
+        self.event_streams = meter.create_counter(*sc.EVENT_STREAMS)
         self.event_totals = EventTotals()
         name, unit, description = sc.STREAM_EVENTS
         meter.create_observable_counter(

@@ -31,6 +31,10 @@ TOOLS_LIST = "tools/list"
 # A subscription (2026-07-28): its stream stays open, and the server's result
 # is its graceful close, not an answer a caller waits for.
 LISTEN = "subscriptions/listen"
+# The Events extension's requests a client resumes with a cursor, never a
+# call whose answer is lost with its stream (``events``).
+EVENTS_POLL = "events/poll"
+EVENTS_STREAM = "events/stream"
 
 
 def request_key(request_id: object) -> str | None:

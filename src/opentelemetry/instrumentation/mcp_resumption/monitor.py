@@ -46,11 +46,12 @@ from .at_exit import AtExit
 from .channels import PatchChannels
 from .deadlines import Deadlines
 from .deferral import Deferred
+from .event_reports import EventReports, follows_events
 from .facts import RequestFacts, ResumeStart, StreamContext, transport_of
 from .findings import Findings
 from .forks import renew_after_fork
 from .hops import Hops, _Hop
-from .jsonrpc import LISTEN, TOOLS_LIST, answer_errors
+from .jsonrpc import EVENTS_STREAM, LISTEN, TOOLS_LIST, answer_errors
 from .redaction import Redaction
 from .redis_state import state_store
 from .stream_reports import StreamReports
@@ -59,7 +60,9 @@ from .telemetry import TelemetrySink
 from .tracker import Step, Tracker, bounded_id
 
 
-class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels, TaskReports):
+class ResumptionMonitor(
+    StreamReports, Hops, Findings, AtExit, PatchChannels, TaskReports, EventReports
+):
     """Runs the continuity checks for every MCP stream the patches observe.
 
     Not a span processor itself: :class:`~.processor.ContinuityProcessor` is
@@ -113,6 +116,7 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels, Ta
         Hops.__init__(self)
         PatchChannels.__init__(self)
         self._init_tasks(self.settings.max_streams)
+        self._init_events()
 
     def attach(self) -> bool:
         """Start receiving span starts; the span-processor face
@@ -169,6 +173,8 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels, Ta
         if facts.body is not None:
             if follows_tasks(facts.body):
                 self.tasks_sent(facts)
+            if follows_events(facts.body):
+                self.events_sent(facts)
             session_id = facts.session_id or facts.legacy_session_id
             if self.tracker.broken.awaits(facts.server):
                 # Matched as it is sent: its answer may come after the window.
@@ -245,6 +251,8 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels, Ta
             return
         if facts.tasks:
             self.tasks_answered(facts, answer)
+        if facts.events:
+            self.events_answered(facts, answer)
         if body is None and not facts.requests:
             return
         if body is not None:
@@ -303,7 +311,8 @@ class ResumptionMonitor(StreamReports, Hops, Findings, AtExit, PatchChannels, Ta
             session_id=session_id,
             request_session_id=facts.session_id,
             last_event_id=facts.last_event_id,
-            carries=[key for key, _ in requests or ()],
+            # A push stream (events/stream) carries no answer anyone awaits.
+            carries=[key for key, method in requests or () if method != EVENTS_STREAM],
             path=facts.path,
             body=body,
             sent=requests if requests != [] and event_stream else (),

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from .fates import Broken, Decided, Fate
-from .jsonrpc import LISTEN, TOOLS_CALL, answer_errors, tool_hints_in
+from .jsonrpc import EVENTS_POLL, EVENTS_STREAM, LISTEN, TOOLS_CALL, answer_errors, tool_hints_in
 from .records import Session
 from .subscriptions import SubscriptionLedger
 
@@ -79,14 +79,20 @@ class Requests:
             if method == LISTEN:
                 if self.subscriptions:
                     self.subscriptions.listened(session.server)
+            elif method == EVENTS_STREAM:
+                pass  # a push stream: no operation to time, nor an answer awaited
             elif operation is not None:  # a subscription is no operation to time
                 if session.ops is None:
                     session.ops = {}
                 if len(session.ops) < MAX_REQUESTS:
                     session.ops[key] = (method, operation)
-            if session.pending is None:
-                session.pending = {}
-            if len(session.pending) < MAX_REQUESTS:
+            if method in (EVENTS_POLL, EVENTS_STREAM):
+                # Resumed with its cursor, which the events' room judges: never
+                # a lost call, a not_resumable break or an orphaned_request.
+                pass
+            elif session.pending is None:
+                session.pending = {key: (method, None)}
+            elif len(session.pending) < MAX_REQUESTS:
                 session.pending[key] = (method, None)
             if session.fated is not None:  # an id used again: a request of its own
                 session.fated.pop(key, None)

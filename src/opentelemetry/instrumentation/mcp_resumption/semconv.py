@@ -15,6 +15,7 @@ from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS as
 from opentelemetry.semconv.attributes.server_attributes import SERVER_PORT as SERVER_PORT
 
 from .continuity import GapKind, Outcome
+from .events import Kind as EventGapKind
 from .fates import Fate
 from .jsonrpc import LISTEN_FILTERS
 from .tasks import Fate as TaskFate
@@ -218,6 +219,45 @@ TASK_FATE = "mcp.resumption.task.fate"
 TASK_FATES = tuple(fate.value for fate in TaskFate)
 # Only where true: an acknowledged tasks/cancel followed by a completed status.
 TASK_CANCEL_IGNORED = "mcp.resumption.task.cancel_ignored"
+# The Events extension (io.modelcontextprotocol/events; docs/rules.md,
+# "Events"): each break of a subscription's thread of cursors, by kind
+# (events.Kind), delivery and event type; duplicates delivered again; the
+# push streams opened, ended, reopened with continuity proven, and found
+# silent.
+EVENT_GAPS = (
+    "mcp.client.resumption.event_gaps",
+    "{gap}",
+    "Breaks of an event subscription's thread of cursors (the Events extension), by kind",
+)
+EVENT_DUPLICATES = (
+    "mcp.client.resumption.event_duplicates",
+    "{event}",
+    "Events delivered again with the same eventId and payload (at-least-once delivery)",
+)
+EVENT_STREAMS = (
+    "mcp.client.resumption.event_streams",
+    "{stream}",
+    "events/stream push streams, by what happened to them: opened, ended, reopened "
+    "with continuity proven, found silent",
+)
+EVENT_GAP_KIND = "mcp.events.gap.kind"
+EVENT_GAP_KINDS = tuple(kind.value for kind in EventGapKind)
+EVENT_DELIVERY = "mcp.events.delivery"
+EVENT_DELIVERIES = ("poll", "push", "webhook")
+# The event type's name, as the server's events/list declares it; at most
+# MAX_EVENT_NAMES per process, then OTHER (a bound on a server that mints names).
+EVENT_NAME = "mcp.events.name"
+MAX_EVENT_NAMES = 256
+EVENT_STREAM_STATE = "mcp.events.stream.state"
+# On the gap event of unreplayable_window: the seconds nothing could be delivered.
+EVENT_WINDOW = "mcp.events.window"
+EVENT_STREAM_OPENED = "opened"
+EVENT_STREAM_ENDED = "ended"
+EVENT_STREAM_REOPENED = "reopened"
+EVENT_STREAM_SILENT = "silent"
+EVENT_STREAM_STATES = (
+    EVENT_STREAM_OPENED, EVENT_STREAM_ENDED, EVENT_STREAM_REOPENED, EVENT_STREAM_SILENT,
+)  # fmt: skip
 EVICTED_STREAMS = (
     "mcp.client.resumption.evicted_streams",
     "{stream}",

@@ -54,7 +54,9 @@ class StreamReports:
     _held: dict[int, StreamContext]
     lineage_scope: contextvars.ContextVar[list[Any] | None]
     # (And the tasks' room, ``task_reports.TaskReports.tasks_answered``:
-    # an answer on a task request's stream.)
+    # an answer on a task request's stream; and the events' room,
+    # ``event_reports.EventReports``: an events/* answer, a push stream's
+    # feed and end.)
 
     def event(
         self, context: StreamContext, event_type: str, event_id: str | None, data: str
@@ -73,6 +75,8 @@ class StreamReports:
             self.telemetry.count_events(context)
         if context.facts.tasks:
             self.tasks_answered(context.facts, data)
+        if context.facts.events:
+            self.events_answered(context.facts, data)
         if event_type == "endpoint":
             session_id = legacy_session_from_endpoint(data)
             if session_id is not None:
@@ -92,6 +96,8 @@ class StreamReports:
         (``feed_event``); the tracker reads the rest when it needs them."""
         context.feed = feed
         self.tracker.attach_feed(context.stream, feed)
+        if context.facts.events:
+            self.events_stream_fed(context, feed)
         self.telemetry.event_totals.watch(context)
 
     def feed_event(self, context: StreamContext, feed: Any, sse: Any) -> None:
@@ -103,6 +109,8 @@ class StreamReports:
             return
         if context.facts.tasks:
             self.tasks_answered(context.facts, sse.data)
+        if context.facts.events:
+            self.events_answered(context.facts, sse.data)
         step = self.tracker.fed_event(context.stream, feed.normalise, sse)
         if self.tracker.operations_done:
             self._operations_ended()
@@ -159,6 +167,8 @@ class StreamReports:
             held_open=held_open,
         )
         self._settle_end(context, step)
+        if context.facts.events:
+            self.events_stream_ended(context, closed_by_client)
         if self.tracker.operations_done:
             self._operations_ended()
         if self.tracker.ran_twice_found:

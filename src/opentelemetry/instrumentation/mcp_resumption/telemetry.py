@@ -25,6 +25,7 @@ from . import semconv as sc
 from .budget import LogBudget
 from .call_telemetry import CallTelemetry
 from .continuity import Gap, Outcome, Verdict
+from .event_telemetry import EventTelemetry
 from .facts import (
     RequestFacts,
     ResumeStart,
@@ -55,7 +56,7 @@ def known_sessions(context: StreamContext) -> list[str | None]:
     return sessions
 
 
-class TelemetrySink(CallTelemetry, TaskTelemetry):
+class TelemetrySink(CallTelemetry, TaskTelemetry, EventTelemetry):
     """Writes the owner's findings to one tracer, meter and logger provider."""
 
     def __init__(
@@ -88,6 +89,11 @@ class TelemetrySink(CallTelemetry, TaskTelemetry):
         self._task_duration = instruments.task_duration
         self._task_polls = instruments.task_polls
         self._task_unroutable = instruments.task_unroutable
+        self._event_gaps = instruments.event_gaps
+        self._event_duplicates = instruments.event_duplicates
+        self._event_streams = instruments.event_streams
+        self._event_names: dict[str, None] = {}
+        self._event_series: set[tuple[str, int | None, str, str]] = set()
         self.event_totals = instruments.event_totals
         self.evictions = instruments.evictions
         self._events_logger = get_logger(

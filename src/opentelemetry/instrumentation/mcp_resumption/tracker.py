@@ -319,6 +319,12 @@ class Tracker(RequestSide):
                 stream.retry(event.retry)
             return self.life.received(stream, event.id, event.data)
 
+    def fold(self, stream: Stream) -> None:
+        """Bring a fed stream's state up to date with its feed now (the
+        events' room reads an open push stream so, through the feed's tap)."""
+        with self._lock:
+            self.life.fold(stream)
+
     def event_consumed(self, stream: Stream) -> None:
         """The application asked for the next event: it took the last one.
 

@@ -67,7 +67,7 @@ class Feed:
     one.  Read under the tracker's lock, from any thread; the iterator's
     appends are atomic."""
 
-    __slots__ = ("_count", "_reader", "counted", "held", "last_raw_id", "ring")
+    __slots__ = ("_count", "_reader", "counted", "held", "last_raw_id", "ring", "tap")
 
     def __init__(self, ring: deque) -> None:
         self.ring = ring
@@ -80,6 +80,9 @@ class Feed:
         # application holds the last event (True) or took it (False).
         self.held: bool | None = None
         self.last_raw_id: str | None = None
+        # Told every event a drain takes (the events' room of an
+        # events/stream: ``event_reports``); None for every other stream.
+        self.tap: Callable[[list[Any]], Any] | None = None
 
     def read_by(self, iterator: Any) -> None:
         self._reader = weakref.ref(iterator)
@@ -130,6 +133,8 @@ class Feed:
         # tracker, under its lock, takes from it): an empty ring, the common
         # case at a stream's end, raises nothing.
         raws = [ring.popleft() for _ in range(len(ring))]
+        if self.tap is not None and raws:
+            self.tap(raws)
         holding = self.holding()
         if len(raws) == RING:
             # Maybe overflowed: the oldest only says what id it carried.
