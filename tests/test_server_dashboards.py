@@ -477,3 +477,43 @@ def test_a_listed_tools_first_call_run_for_nobody_is_counted(tmp_path, telemetry
         [row] = shown["Work done for nobody by tool"]
         assert row["metric"]["gen_ai_tool_name"] == "work"
         assert row["metric"]["mcp_protocol_version"] == "2026-07-28"
+
+
+@pytest.mark.parametrize("kind", [
+    pytest.param("mcp2-default", marks=pytest.mark.mcp2, id="mcp2-2026-07-28"),
+    pytest.param("mcp2-legacy", marks=pytest.mark.mcp2, id="mcp2-legacy"),
+    pytest.param("mcp1", marks=pytest.mark.mcp1, id="mcp1"),
+])
+def test_a_listed_tools_series_start_at_0_before_any_call(telemetry, kind):
+    """Every revision: the tools a tools/list answer names have their
+    work_for_nobody and second_runs series at 0 (with the hint they declare
+    and the protocol version the client's calls will carry) before any call."""
+    import asyncio
+
+    from test_server_delivery import Stack
+    from wire import AppClient
+
+    async def scenario():
+        async with Stack(telemetry) as stack, AppClient(kind, stack.url) as client:
+            listed = await client.session.list_tools()
+            return stack, {tool.name for tool in listed.tools}
+
+    stack, names = asyncio.run(scenario())
+    assert names == {"work", "lookup"}
+    assert not any(e.request.jsonrpc_method == "tools/call" for e in stack.router.exchanges)
+    versions = {
+        e.request.header("mcp-protocol-version") for e in stack.router.exchanges
+        if e.request.jsonrpc_method == "tools/list"
+    }
+    [version] = versions
+    wasted = {
+        (p.attributes["gen_ai.tool.name"], p.attributes["mcp.protocol.version"],
+         p.attributes["mcp.resumption.tool.hint"]): p.value
+        for p in telemetry.points("mcp.server.resumption.work_for_nobody")
+    }
+    assert wasted == {("work", version, "none"): 0, ("lookup", version, "read_only"): 0}
+    second = {
+        (p.attributes["gen_ai.tool.name"], p.attributes["mcp.protocol.version"]): p.value
+        for p in telemetry.points("mcp.server.resumption.second_runs")
+    }
+    assert second == {("work", version): 0, ("lookup", version): 0}
