@@ -56,7 +56,11 @@ OPERATION = "mcp_server_operation_duration_seconds"
 HOST = 'job=~"$job", instance=~"$instance"'
 UNDELIVERED = 'mcp_resumption_delivery_fate="undelivered"'
 REACHED = 'mcp_resumption_delivery_fate=~"delivered|replayed"'
-OWED = 'mcp_resumption_delivery_fate=~"delivered|replayed|undelivered"'
+# On 2026-07-28 closing the stream is how a client cancels, and a stream cut
+# below the server (a proxy, a load balancer) looks the same to it: a
+# cancelled call got no answer, so it counts against the delivered share.
+CANCELLED = 'mcp_resumption_delivery_fate="cancelled"'
+OWED = 'mcp_resumption_delivery_fate=~"delivered|replayed|undelivered|cancelled"'
 LISTEN_LOST = 'mcp_resumption_listen_end="lost"'
 FAILED = 'error_type!=""'
 
@@ -76,17 +80,27 @@ def delivery_row(lay: Layout) -> None:
         "Each is a call its client lost (and may re-issue). McpServerAnswerUndelivered pages on it.",
         f"sum(increase({of(DELIVERIES, UNDELIVERED)}[$__range]))",
         "short", [{"color": "green", "value": None}, {"color": "red", "value": 1}], decimals=0,
-    ), 6, 4)
+    ), 5, 4)
     lay.add(stat(
         "Answers delivered",
-        "Share of the answers computed in range that were written to an open stream (or as the "
-        "JSON body), or replayed by a resume. Cancelled calls (the client closed the stream on "
-        "2026-07-28) are not answers owed.",
+        "Share of the calls answered or cancelled in range whose answer was written to an open "
+        "stream (or as the JSON body), or replayed by a resume. Cancelled calls count against it: "
+        "on 2026-07-28 the server cannot tell a client's cancel from a stream cut below it, and "
+        "either way the client got no answer (the next panel shows them apart).",
         f"sum(increase({of(DELIVERIES, REACHED)}[$__range]))"
         f" / sum(increase({of(DELIVERIES, OWED)}[$__range]))",
         "percentunit", [{"color": "red", "value": None}, {"color": "orange", "value": 0.99},
                         {"color": "green", "value": 0.999}], min=0, max=1, decimals=2,
-    ), 6, 4)
+    ), 5, 4)
+    lay.add(stat(
+        "Calls cancelled in range",
+        "Calls whose stream closed before the handler answered, so the handler was cancelled "
+        "(2026-07-28, where closing the stream is how a client cancels; and a legacy SSE session "
+        "cut under mcp 2.x). A rise with no change in the clients is streams cut below the "
+        "server: a proxy's or load balancer's timeout, a restart, a network drop.",
+        f"sum(increase({of(DELIVERIES, CANCELLED)}[$__range]))",
+        "short", [{"color": "text", "value": None}], decimals=0,
+    ), 4, 4)
     lay.add(stat(
         "Tool calls run for nobody in range",
         "tools/call handlers that ran to completion after their client's stream was gone "
@@ -94,14 +108,14 @@ def delivery_row(lay: Layout) -> None:
         "watched on 2026-07-28 either). A re-issue runs the work again.",
         f"sum(increase({of(WASTED)}[$__range]))",
         "short", [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
-    ), 6, 4)
+    ), 5, 4)
     lay.add(stat(
         "Proven second runs in range",
         "Calls run for nobody that the same tool then ran again with the same arguments within "
         "the confirmation window: the work ran twice on the server.",
         f"sum(increase({of(SECOND_RUNS)}[$__range]))",
         "short", [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
-    ), 6, 4)
+    ), 5, 4)
     lay.add(timeseries(
         "Answers by delivery fate",
         "Answers per second by fate: delivered (open stream or JSON body), stored (written to "
@@ -244,9 +258,11 @@ def build_server() -> dict[str, Any]:
         tags=["mcp", "opentelemetry", "resumption", "server"],
         variables=[
             ds_var("datasource", "Data source", "prometheus", prom),
-            query_var("job", "Job", f"label_values({REQUESTS}, job)"),
-            query_var("instance", "Instance", f'label_values({REQUESTS}{{job=~"$job"}}, instance)'),
-            query_var("server_address", "Server", f'label_values({REQUESTS}{{job=~"$job", instance=~"$instance"}}, server_address)'),
+            # Series every server exports whatever the protocol revision: a
+            # 2026-07-28 server has no resumes, so no resume requests.
+            query_var("job", "Job", f"label_values({OPERATION}_count, job)"),
+            query_var("instance", "Instance", f'label_values({OPERATION}_count{{job=~"$job"}}, instance)'),
+            query_var("server_address", "Server", f'label_values({DELIVERIES}{{job=~"$job", instance=~"$instance"}}, server_address)'),
         ],
         title="MCP stream resumption: servers",
         uid="mcp-resumption-server",

@@ -86,3 +86,26 @@ def panel_queries(
             if expr:
                 queries.append((panel.get("title", ""), substitute(expr, values)))
     return queries
+
+
+_LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>\w+)\)$")
+
+
+def variable_queries(
+    dashboard: dict[str, Any], variables: dict[str, str] | None = None
+) -> list[tuple[str, str, str]]:
+    """(variable name, series selector, label) of every ``label_values``
+    query variable, the variables it uses substituted: what Grafana asks
+    Prometheus' series API for."""
+    values = {**DEFAULT_VARIABLES, **(variables or {})}
+    found: list[tuple[str, str, str]] = []
+    for variable in dashboard.get("templating", {}).get("list", []):
+        query = variable.get("query")
+        if isinstance(query, dict):
+            query = query.get("query")
+        match = _LABEL_VALUES.match(query or "") if variable.get("type") == "query" else None
+        if match:
+            found.append(
+                (variable["name"], substitute(match["selector"], values), match["label"])
+            )
+    return found

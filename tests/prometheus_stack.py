@@ -105,6 +105,11 @@ class Prometheus:
         params = {"query": expr} if at is None else {"query": expr, "time": str(at)}
         return self.api("query", **params)
 
+    def label_values(self, selector: str, label: str) -> set[str]:
+        """What Grafana's ``label_values(selector, label)`` lists."""
+        series = self._get("series", **{"match[]": selector})
+        return {each[label] for each in series if each.get(label)}
+
     def alerts(self) -> dict[str, str]:
         """The alerts now: name -> pending or firing."""
         return {a["labels"]["alertname"]: a["state"] for a in self._get("alerts")["alerts"]}

@@ -5,6 +5,7 @@ panel compared with what the server was sent."""
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 
 from server_harness import RawSession, UuidStore, build_app, running, server_instrumented
 
-from dashboard_queries import iter_panels, load_dashboard, panel_queries
+from dashboard_queries import iter_panels, load_dashboard, panel_queries, variable_queries
 from prometheus_stack import Prometheus, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,3 +284,236 @@ def test_the_operation_panels_show_the_operations(tmp_path, telemetry):
         ]
         assert len(queries) == 2
         prometheus.wait(lambda: all(prometheus.query(expr) for _, expr in queries), timeout=15)
+
+
+def answers_on_the_wire(exchanges) -> int:
+    """Requests (POSTs with an id) among ``exchanges`` whose answer crossed
+    the wire, as an SSE event or a JSON body."""
+    from wire import message
+
+    answered = set()
+    for exchange in exchanges:
+        request = exchange.request.jsonrpc or {}
+        if "id" not in request:
+            continue
+        if any(
+            (decoded := message(event)) and "method" not in decoded and "id" in decoded
+            for event in exchange.events
+        ) or (exchange.status == 200 and (
+            exchange.response_header("content-type") or ""
+        ).startswith("application/json")):
+            answered.add(str(request["id"]))
+    return len(answered)
+
+
+@pytest.mark.mcp2
+def test_a_2026_07_28_server_fills_the_variables_and_its_cancelled_calls_count(
+    tmp_path, telemetry
+):
+    """A real mcp 2.x server whose clients speak only 2026-07-28 (no resumes,
+    so no resume requests): the dashboard's variables list it, and 3 of its
+    10 tools/call streams cut below the server (cancelled) count against
+    the answers delivered, and are shown apart."""
+    import asyncio
+
+    from test_server_delivery import Stack, _wait
+    from wire import MODERN, AppClient
+
+    cut = ("c2", "c5", "c8")
+    cancelled = (
+        'mcp_server_resumption_deliveries_total{mcp_resumption_delivery_fate="cancelled"}'
+    )
+    with scraped(tmp_path, telemetry) as prometheus:
+
+        async def scenario():
+            async with Stack(telemetry) as stack:
+                async with AppClient(MODERN, stack.url) as client:
+                    assert await client.call("c0") == "done c0"
+                    # Prometheus read the fates (at 0) before anything is cut
+                    await asyncio.to_thread(prometheus.wait, lambda: prometheus.query(cancelled))
+                    first = len(stack.router.exchanges)
+                    for n in range(1, 10):
+                        text = f"c{n}"
+                        if text in cut:
+                            stack.cut = text
+                            with pytest.raises(Exception):  # noqa: B017 (the SDK's own error)
+                                await client.call(text)
+                            await asyncio.to_thread(
+                                _wait, lambda text=text: stack.handlers.saw("cancelled", text)
+                            )
+                        else:
+                            assert await client.call(text) == f"done {text}"
+                return stack, first
+
+        stack, first = asyncio.run(scenario())
+        # The truth: the router's record and the handlers' log.
+        exchanges = stack.router.exchanges
+        assert {e.request.header("mcp-protocol-version") for e in exchanges} == {"2026-07-28"}
+        assert not any(e.request.header("last-event-id") for e in exchanges)
+        severed = [e for e in exchanges if e.severed]
+        assert [(e.request.jsonrpc or {}).get("method") for e in severed] == ["tools/call"] * 3
+        assert [t for what, t in stack.handlers.log if what == "cancelled"] == list(cut)
+        answered = answers_on_the_wire(exchanges)
+        later = answers_on_the_wire(exchanges[first:])  # after Prometheus' first read
+        prometheus.scraped_totals({"mcp_server_resumption_deliveries_total": answered + 3})
+        # increase() extrapolates by up to half a scrape at each end: read
+        # once the series have 12 samples (within 10 %).
+        prometheus.wait(lambda: all(
+            float(r["value"][1]) >= 12
+            for r in prometheus.query(f"count_over_time({cancelled}[1h])") or [{"value": [0, 0]}]
+        ))
+        assert prometheus.query("mcp_server_resumption_requests_total") == []
+
+        dashboard = load_dashboard(DASHBOARD)
+        chosen: dict[str, str] = {}
+        for name, selector, label in variable_queries(dashboard, chosen):
+            listed = prometheus.label_values(selector, label)
+            assert listed, f"${name} lists nothing: label_values({selector}, {label})"
+            chosen[name] = "|".join(sorted(listed))
+        targets = {s["labels"]["instance"] for s in prometheus._get("targets")["activeTargets"]}
+        assert chosen == {
+            "job": "mcp-server", "instance": "|".join(sorted(targets)),
+            "server_address": "127.0.0.1",
+        }
+        variables = {"__range": "1h", "__rate_interval": "30s", **chosen}
+        shown = {
+            title: prometheus.query(expr) for title, expr in panel_queries(dashboard, variables)
+        }
+        for title in ("Undelivered answers in range", "Answers delivered",
+                      "Calls cancelled in range", "Tool calls run for nobody in range",
+                      "Answers by delivery fate", "Operation latency by method (p95)"):
+            assert shown[title], f"{title}: no data"
+        assert scalar(shown["Calls cancelled in range"]) == pytest.approx(3, rel=0.1)
+        assert scalar(shown["Undelivered answers in range"]) == 0
+        # what reached its client of what Prometheus saw asked after its first read
+        assert scalar(shown["Answers delivered"]) == pytest.approx(later / (later + 3), rel=0.1)
+
+
+async def json_first_call_cut_by_its_client(stack, client, tool: str, warm: str) -> None:
+    """``tool``'s first call, with ``x``, sent straight to the server by a
+    client that closes its connection once the handler started; the request
+    is the SDK client's own call of ``warm``, renamed (so that ``tool`` is
+    never called before)."""
+    import asyncio
+
+    import httpx
+
+    from test_server_delivery import GATE, _wait
+
+    assert await client.session.call_tool(warm, {"text": "warm"})
+    [seen] = [e for e in stack.router.exchanges if b'"warm"' in e.request.body]
+    body = json.loads(seen.request.body)
+    body["params"].update(name=tool, arguments={"text": "x"})
+    headers = {
+        k: (tool if k.lower() == "mcp-name" else v) for k, v in seen.request.headers
+        if k.lower() not in ("host", "content-length", "connection")
+    }
+    stack.handlers.hold.add("x")
+    async with httpx.AsyncClient() as raw:
+        call = asyncio.ensure_future(raw.post(
+            f"http://127.0.0.1:{stack.backend.port}/mcp", json=body, headers=headers,
+            timeout=GATE,
+        ))
+        await asyncio.to_thread(_wait, lambda: stack.handlers.saw("started", "x"))
+        call.cancel()  # the client closes its connection
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await asyncio.to_thread(_wait, lambda: stack.handlers.saw("finished", "x"))
+    stack.handlers.hold.discard("x")
+
+
+@pytest.mark.mcp2
+def test_a_listed_tools_first_call_run_for_nobody_is_counted(tmp_path, telemetry):
+    """A tool listed, never called, whose first call runs for nobody (JSON
+    answers on 2026-07-28: nothing watches the connection) and is re-issued
+    at once: its series were at 0 in Prometheus since the listing, so the
+    dashboard counts the call and the second run."""
+    import asyncio
+    import time
+
+    from test_server_delivery import Stack
+    from wire import MODERN, AppClient
+
+    with scraped(tmp_path, telemetry) as prometheus:
+
+        def scraped_after(at: float) -> bool:
+            return any(float(r["value"][1]) > at
+                       for r in prometheus.query('timestamp(up{job="mcp-server"})'))
+
+        async def scenario():
+            async with Stack(telemetry, json_response=True) as stack:
+                async with AppClient(MODERN, stack.url) as client:
+                    listed = await client.session.list_tools()
+                    assert {t.name for t in listed.tools} == {"work", "lookup"}
+                    after = time.time()
+                    await asyncio.to_thread(prometheus.wait, lambda: scraped_after(after))
+                    await json_first_call_cut_by_its_client(stack, client, "work", "lookup")
+                    # the client re-issues the call it never got an answer to
+                    assert await client.session.call_tool("work", {"text": "x"})
+                return stack
+
+        stack = asyncio.run(scenario())
+        # The truth: the handler's log (x ran twice, the first time for nobody).
+        assert stack.handlers.log.count(("finished", "x")) == 2
+        assert not any(b'"work"' in e.request.body and b'"x"' in e.request.body
+                       for e in stack.router.exchanges[:-1])  # the router saw the re-issue only
+        prometheus.scraped_totals({
+            "mcp_server_resumption_work_for_nobody_total": 1,
+            "mcp_server_resumption_second_runs_total": 1,
+        })
+        samples = (
+            'count_over_time(mcp_server_resumption_work_for_nobody_total{gen_ai_tool_name="work"}[1h])'
+        )
+        prometheus.wait(lambda: all(
+            float(r["value"][1]) >= 12 for r in prometheus.query(samples) or [{"value": [0, 0]}]
+        ))
+        variables = {"__range": "1h", "__rate_interval": "30s", "job": "mcp-server"}
+        shown = {
+            title: prometheus.query(expr)
+            for title, expr in panel_queries(load_dashboard(DASHBOARD), variables)
+        }
+        assert scalar(shown["Tool calls run for nobody in range"]) == pytest.approx(1, rel=0.1)
+        assert scalar(shown["Proven second runs in range"]) == pytest.approx(1, rel=0.1)
+        [row] = shown["Work done for nobody by tool"]
+        assert row["metric"]["gen_ai_tool_name"] == "work"
+        assert row["metric"]["mcp_protocol_version"] == "2026-07-28"
+
+
+@pytest.mark.parametrize("kind", [
+    pytest.param("mcp2-default", marks=pytest.mark.mcp2, id="mcp2-2026-07-28"),
+    pytest.param("mcp2-legacy", marks=pytest.mark.mcp2, id="mcp2-legacy"),
+    pytest.param("mcp1", marks=pytest.mark.mcp1, id="mcp1"),
+])
+def test_a_listed_tools_series_start_at_0_before_any_call(telemetry, kind):
+    """Every revision: the tools a tools/list answer names have their
+    work_for_nobody and second_runs series at 0 (with the hint they declare
+    and the protocol version the client's calls will carry) before any call."""
+    import asyncio
+
+    from test_server_delivery import Stack
+    from wire import AppClient
+
+    async def scenario():
+        async with Stack(telemetry) as stack, AppClient(kind, stack.url) as client:
+            listed = await client.session.list_tools()
+            return stack, {tool.name for tool in listed.tools}
+
+    stack, names = asyncio.run(scenario())
+    assert names == {"work", "lookup"}
+    assert not any(e.request.jsonrpc_method == "tools/call" for e in stack.router.exchanges)
+    versions = {
+        e.request.header("mcp-protocol-version") for e in stack.router.exchanges
+        if e.request.jsonrpc_method == "tools/list"
+    }
+    [version] = versions
+    wasted = {
+        (p.attributes["gen_ai.tool.name"], p.attributes["mcp.protocol.version"],
+         p.attributes["mcp.resumption.tool.hint"]): p.value
+        for p in telemetry.points("mcp.server.resumption.work_for_nobody")
+    }
+    assert wasted == {("work", version, "none"): 0, ("lookup", version, "read_only"): 0}
+    second = {
+        (p.attributes["gen_ai.tool.name"], p.attributes["mcp.protocol.version"]): p.value
+        for p in telemetry.points("mcp.server.resumption.second_runs")
+    }
+    assert second == {("work", version): 0, ("lookup", version): 0}

@@ -197,6 +197,11 @@ def _begin(tallies: Deliveries, exchange: _Exchange, method: Any, params: Any) -
         tallies.listen_started(notifications, sc.TRANSPORT_STREAMABLE_HTTP)
 
 
+def _listed(tallies: Deliveries, exchange: _Exchange, result: Any) -> None:
+    server = _server(exchange.scope, sc.TRANSPORT_STREAMABLE_HTTP)
+    tallies.tools_listed(result, server, exchange.version)
+
+
 def _listen_ended(tallies: Deliveries, exchange: _Exchange) -> None:
     if exchange.cancelled and exchange.disconnected:
         end = sc.LISTEN_CLOSED_BY_CLIENT
@@ -249,7 +254,7 @@ async def _run(exchange: _Exchange, runner: Any, wrapped: Any, args: Any, kwargs
         raise
     exchange.ran = True
     if tallies is not None and method == TOOLS_LIST:
-        guarded("reading tool hints", tallies.tools_listed, result)
+        guarded("reading tool hints", _listed, tallies, exchange, result)
     return result
 
 
@@ -303,10 +308,13 @@ class _Pending:
             self.version = params.get("protocolVersion")
         server = _server(scope, self.name)
         version = None
-        if method == TOOLS_CALL:  # only a tool's run for nobody names its version
+        # A tool's run for nobody names its version, and so does the listing
+        # that starts its series at 0.
+        if method in (TOOLS_CALL, TOOLS_LIST):
             if isinstance(scope, dict):
                 version = header(scope, b"mcp-protocol-version")
             version = version or self.version
+        if method == TOOLS_CALL:
             self.tallies.called(params, server, version)
         self.calls[str(request_id)] = (method, params, version, server)
         if len(self.calls) > MAX_PENDING:
@@ -347,7 +355,7 @@ class _Pending:
             self.tallies.fate(sc.DELIVERY_CANCELLED, call[3])
             return None
         if call[0] == TOOLS_LIST and error is None:
-            self.tallies.tools_listed(message.get("result"))
+            self.tallies.tools_listed(message.get("result"), call[3], call[2])
         return call, error, request_id
 
     def lost(self, call: Any, error: Any, request_id: Any) -> None:

@@ -120,8 +120,13 @@ class Deliveries:
 
     # ------------------------------------------------------------ tools
 
-    def tools_listed(self, result: Any) -> None:
-        """A tools/list answer: the hints its tools declare."""
+    def tools_listed(
+        self, result: Any, server: Server | None = None, version: str | None = None
+    ) -> None:
+        """A tools/list answer: the hints its tools declare.  Each listed
+        tool's series start at 0 here, before its first call: a call run for
+        nobody before Prometheus read a 0 is a series born at 1, which
+        increase() cannot see."""
         tools = result.get("tools") if isinstance(result, Mapping) else None
         if not isinstance(tools, list):
             return
@@ -140,6 +145,12 @@ class Deliveries:
                 self._hints.move_to_end(tool["name"])
                 if len(self._hints) > MAX_TOOLS:
                     self._hints.popitem(last=False)
+        if server is None:
+            return
+        for tool in tools:
+            name = tool.get("name") if isinstance(tool, Mapping) else None
+            if isinstance(name, str) and (name, server) not in self._started:
+                self._start(name, server, version or "unknown")
 
     def called(self, params: Any, server: Server, version: str | None) -> None:
         """A tools/call arrived: a proven second run if the same tool with
