@@ -90,6 +90,7 @@ STATE_ROWS = ("httpx-sse sync", "POST→sse", "tasks/get→json")
 RESUME_ROW = "resume"
 
 # row -> (python, unit, configurations, (small N, large N), quick Ns)
+PUSH_ROW = "events/stream httpx-sse sync"
 ROWS: dict[str, tuple[Path, str, tuple[str, ...], tuple[int, int], tuple[int, int]]] = {
     "httpx-sse sync": (
         MCP2,
@@ -109,6 +110,16 @@ ROWS: dict[str, tuple[Path, str, tuple[str, ...], tuple[int, int], tuple[int, in
         MCP2,
         "event",
         ("bare", "httpx-instr", "floor", "ours"),
+        (2000, 22000),
+        (500, 5500),
+    ),
+    # An events/stream push stream (the Events extension): what the events'
+    # room adds per notification, on the read path and in the tick that
+    # reads the feed's drains; beside a plain SSE event above.
+    PUSH_ROW: (
+        MCP2,
+        "event",
+        ("bare", "httpx-instr", "ours"),
         (2000, 22000),
         (500, 5500),
     ),
@@ -156,6 +167,51 @@ def _sse_body(n: int) -> bytes:
     return "".join(
         f"id: {k}\nevent: message\ndata: {progress % (k, n)}\n\n" for k in range(1, n + 1)
     ).encode()
+
+
+def _push_body(n: int) -> bytes:
+    """An events/stream answer: ``active``, then N events, each with its
+    cursor and the stream's subscription id (the request's id, 1)."""
+    meta = '"_meta": {"io.modelcontextprotocol/subscriptionId": 1}'
+    active = (
+        '{"jsonrpc": "2.0", "method": "notifications/events/active", '
+        f'"params": {{"cursor": "c0", "truncated": false, {meta}}}}}'
+    )
+    event = (
+        '{"jsonrpc": "2.0", "method": "notifications/events/event", "params": '
+        '{"eventId": "evt_%d", "name": "ticket.created", "timestamp": '
+        '"2026-12-07T10:00:00Z", "data": {"project": "alpha", "n": %d}, "cursor": "c%d", '
+        + meta + "}}"
+    )
+    lines = [f"data: {active}\n\n"]
+    lines += [f"data: {event % (k, k, k)}\n\n" for k in range(1, n)]
+    return "".join(lines).encode()
+
+
+PUSH_REQUEST = json.dumps(
+    {"jsonrpc": "2.0", "id": 1, "method": "events/stream",
+     "params": {"name": "ticket.created", "arguments": {"project": "alpha"}, "cursor": None}}
+).encode()  # fmt: skip
+
+
+def _push_sync(body: str, n: int) -> None:
+    import httpx
+    import httpx_sse
+
+    raw = Path(body).read_bytes() if body else _push_body(1)
+    chunks = [raw[i : i + CHUNK] for i in range(0, len(raw), CHUNK)]
+    transport = _stub_transport(lambda request: iter(chunks))
+    headers = {**REQUEST_HEADERS, "content-type": "application/json",
+               "mcp-protocol-version": "2026-07-28"}  # fmt: skip
+    headers.pop("mcp-session-id")
+    with (
+        httpx.Client(transport=transport) as client,
+        httpx_sse.connect_sse(
+            client, "POST", "http://127.0.0.1:8000/mcp", headers=headers, content=PUSH_REQUEST
+        ) as source,
+    ):
+        count = sum(1 for _ in source.iter_sse())
+    assert count == n, count
 
 
 def _chunks(path: str) -> list[bytes]:
@@ -472,6 +528,8 @@ def _loop(row: str, n: int, argument: str) -> None:
         _resumes(n)
     elif row == "httpx-sse sync":
         _events_sync(argument, n)
+    elif row == PUSH_ROW:
+        _push_sync(argument, n)
     elif row == "httpx-sse async":
         asyncio.run(_events_async(argument, n))
     elif row == "httpx2 EventSource":
@@ -704,7 +762,11 @@ def main() -> None:
                 seed_records(args.state, max(args.ns or (quick_ns if args.quick else ns)))
             arguments = []
             for n in args.ns or (quick_ns if args.quick else ns):
-                if unit == "event":
+                if row == PUSH_ROW:
+                    argument = str(Path(scratch) / f"push-{n}.sse")
+                    if not Path(argument).exists():
+                        Path(argument).write_bytes(_push_body(n))
+                elif unit == "event":
                     argument = str(Path(scratch) / f"events-{n}.sse")
                     if not Path(argument).exists():
                         Path(argument).write_bytes(_sse_body(n))
