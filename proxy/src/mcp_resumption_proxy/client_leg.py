@@ -52,7 +52,7 @@ from opentelemetry._logs import SeverityNumber, get_logger
 from opentelemetry import metrics
 from opentelemetry.instrumentation.mcp_resumption import config
 from opentelemetry.instrumentation.mcp_resumption import semconv as sc
-from opentelemetry.instrumentation.mcp_resumption.jsonrpc import LISTEN
+from opentelemetry.instrumentation.mcp_resumption.jsonrpc import EVENTS_POLL, EVENTS_STREAM, LISTEN
 from opentelemetry.instrumentation.mcp_resumption.verdict_log import LOST, server_name, verdicts
 from opentelemetry.instrumentation.mcp_resumption.version import __version__
 
@@ -106,6 +106,9 @@ def _messages(body: bytes | str) -> list[dict[str, Any]]:
         return []
     items = message if isinstance(message, list) else [message]
     return [item for item in items if isinstance(item, dict)]
+
+
+_RESUMED_BY_CURSOR = frozenset({EVENTS_POLL, EVENTS_STREAM})
 
 
 def requests_in(body: bytes) -> list[tuple[str, str, str]]:
@@ -244,7 +247,9 @@ class ClientLeg:
             self._sent(body, session)
         if b'"method"' not in body or b'"id"' not in body:
             return None
-        requests = requests_in(body)
+        # A push stream or a poll of the Events extension is resumed with its
+        # cursor, which the events' room judges: never a call to lose here.
+        requests = [r for r in requests_in(body) if r[1] not in _RESUMED_BY_CURSOR]
         if not requests:
             return None
         self._seen_server(server)
