@@ -182,7 +182,8 @@ class RequestSide:
                 return frozenset()
             asked = [(b.server, self.sharing.session_hash(b.session), b.key) for b in picked]
         kept = store.keep_at_exit(asked) if at_exit else []
-        left = [i for i in range(len(asked)) if i not in set(kept)]
+        kept_set = frozenset(kept)
+        left = [i for i in range(len(asked)) if i not in kept_set]
         taken = [left[i] for i in store.fates_elsewhere([asked[i] for i in left])] if left else []
         return frozenset((id(picked[i].session), picked[i].key) for i in (*kept, *taken))
 
