@@ -164,9 +164,13 @@ async def fleet(
     cut_client: bool = False,
     path: str = "/mcp",
     proxy_args: tuple[str, ...] = (),
+    proxy_env: dict[str, str] | None = None,
+    refuse_resumes: bool = False,
 ) -> AsyncIterator[FleetStack]:
     """``app`` on loopback behind the fleet; the first resume through the
-    client router drains the instance that carried the tools/call first."""
+    client router drains the instance that carried the tools/call first
+    (``refuse_resumes``: and no resume reaches the fleet: the client
+    router refuses every one)."""
     backend = await LoopbackServer(app, name="sdk").astart()
     upstream_router = await RawRouter(
         CuttingFleet(Backend("sdk", backend.port), cut=cut_upstream)
@@ -178,7 +182,8 @@ async def fleet(
     try:
         for name in NAMES:
             proxies[name] = await asyncio.to_thread(
-                Proxy, upstream_router.url + path, *proxy_args, **state_env(redis)
+                Proxy, upstream_router.url + path, *proxy_args,
+                **{**state_env(redis), **(proxy_env or {})}
             )
         haproxy = HaProxy(
             directory,
@@ -190,7 +195,7 @@ async def fleet(
             first = running.carried_call()
             await asyncio.to_thread(haproxy.maintenance, first)
             running.drained.append(first)
-            return Backend("haproxy", haproxy.port)
+            return None if refuse_resumes else Backend("haproxy", haproxy.port)
 
         client_router = await RawRouter(
             CuttingFleet(

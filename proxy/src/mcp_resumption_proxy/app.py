@@ -125,6 +125,8 @@ class ProxyApp(Passthrough):
             message = await receive()
             if message["type"] == "lifespan.startup":
                 _quiet_deliberate_breaks()
+                if self.client_leg is not None:
+                    self.client_leg.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.aclose()
@@ -187,6 +189,12 @@ class ProxyApp(Passthrough):
                     header_of(headers, b"mcp-protocol-version")))
             elif resume:
                 watch = leg.watch_resume(leg.server_of(scope), session_id)
+                if watch is None and leg.fleet is not None:
+                    # Answers another instance of the fleet stopped without
+                    # delivering: this resume's to settle (a bounded read).
+                    taken = await asyncio.to_thread(leg.fleet.take, session_id)
+                    if taken:
+                        watch = leg.take_over(taken, leg.server_of(scope), session_id)
             if watch is not None:
                 held.append(watch)
         if resume and self.downstream is not None:

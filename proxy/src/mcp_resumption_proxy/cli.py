@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
     import uvicorn
 
-    from . import shared
+    from . import handoff, shared
     from .admin import PROBE_INTERVAL_S, UpstreamProbe
     from .app import ProxyApp
     from .downstream import DownstreamView
@@ -234,6 +234,13 @@ def main(argv: list[str] | None = None) -> int:
         shared_relays=None if store is None or not args.resumable else shared.SharedRelays(store),
         reachability=probe,
     )
+    if store is not None and proxy_app.client_leg is not None:
+        # Its undelivered answers at shutdown go to the fleet (handoff.py).
+        leg = proxy_app.client_leg
+        leg.fleet = handoff.FleetClaims(store, args.upstream, leg.window)
+        # And the upstream leg's broken requests at exit too: the instance
+        # that resumes them decides them, else the fleet's sweep.
+        store.hands_at_exit = True
     # At the drain's end the app stops waiting for the answers it could not
     # deliver (they are lost, on their leg) before the cut, not after it.
     app = Drain(proxy_app, before_cut=getattr(proxy_app, "stop_waiting", None))
@@ -242,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     if sock is None:
         return 2
     port = sock.getsockname()[1]
+    if proxy_app.client_leg is not None:
+        proxy_app.client_leg.home = proxy_app.client_leg.server_of({"server": (host, port)})
     admin_sock = None
     if args.admin is not None:
         admin_sock = bound(*args.admin, what="--admin: ")

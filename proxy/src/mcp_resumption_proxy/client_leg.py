@@ -28,8 +28,11 @@ and a close without it is a break.
 
 At shutdown (``stop_waiting``) the proxy stops waiting: every request whose
 answer it had not delivered is ``lost``, the ones on streams it cut itself
-included.  Resumes the proxy does not judge as a resume of a stream it
-carried are counted apart, on ``mcp.proxy.client_resumes``.
+included; with shared state it hands them to the fleet instead
+(``handoff.py``), and the instance that serves their resume, or else the
+first sweep once the window has passed, decides each once.  Resumes the
+proxy does not judge as a resume of a stream it carried are counted apart,
+on ``mcp.proxy.client_resumes``.
 
 Costs: a POST's body is parsed once (its requests' ids); an event is looked
 at only on a response that may answer a watched request; timers only for
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -58,11 +62,14 @@ from opentelemetry.instrumentation.mcp_resumption.version import __version__
 
 from . import legs
 
+_logger = logging.getLogger("mcp_resumption_proxy")
+
 # The revision from which closing a response stream is the client's cancel.
 CANCELS_ON_CLOSE = "2026-07-28"
 MAX_AWAITING = 4096  # broken requests awaiting a fate; the oldest is decided first
 MAX_SERVERS = 1024  # addresses whose series are started at 0
 MAX_TOOL = 64
+MAX_HANDED_KEY = 256  # a request key read back from the shared state
 
 CANCELLED_REQUESTS = (
     "mcp.proxy.cancelled_requests",
@@ -229,6 +236,11 @@ class ClientLeg:
         self._open: set[Watch] = set()
         self._servers: set[str] = set()
         self.stopped = False
+        # With shared state: where losses at shutdown go (handoff.FleetClaims),
+        # and this instance's own address, under which it counts the ones it
+        # decides for the fleet.
+        self.fleet: Any = None
+        self.home: str | None = None
 
     @classmethod
     def for_leg(cls, **providers: Any) -> ClientLeg:
@@ -293,6 +305,7 @@ class ClientLeg:
         if how not in ("left", "cut"):
             return
         now = time.monotonic()
+        stopped: list[_Broken] = []
         for key, (method, params) in watch.requests.items():
             if key in delivered:
                 continue
@@ -305,9 +318,10 @@ class ClientLeg:
             broken = _Broken(key, method, params, watch.server, watch.session,
                              watch.protocol, now)
             if how == "cut" or self.stopped:
-                self._fated(broken, "lost", "the proxy stopped before its answer was written")
+                stopped.append(broken)
                 continue
             self._await(broken)
+        self._lost_at_stop(stopped, "the proxy stopped before its answer was written")
 
     # ------------------------------------------------------------ fates
 
@@ -470,16 +484,87 @@ class ClientLeg:
             awaiting = list(self._awaiting.values())
             self._awaiting.clear()
             still_open = [w for w in self._open if not w.resume]
+        if self.fleet is not None:
+            self.fleet.stop()
+        lost = []
         for broken in awaiting:
             if broken.timer is not None:
                 broken.timer.cancel()
             if broken.protocol is not None and broken.protocol >= CANCELS_ON_CLOSE:
                 self._cancel(broken)
             else:
-                self._fated(broken, "lost", "the proxy stopped before a resume or a re-issue")
+                lost.append(broken)
+        self._lost_at_stop(lost, "the proxy stopped before a resume or a re-issue")
         for watch in still_open:
             self.ended(watch, "cut", watch.progress() if watch.progress is not None else 0)
+
+    # ------------------------------------------------------------ the fleet
+
+    def start(self) -> None:
+        """The server is up (on its loop): with shared state, this
+        instance's series start at 0 and its sweeps of the fleet's handed
+        losses begin."""
+        if self.fleet is None:
+            return
+        if self.home is not None:
+            self._seen_server(self.home)
+        self.fleet.start(self._swept_lost)
+
+    def _lost_at_stop(self, brokens: list[_Broken], why: str) -> None:
+        """Answers the proxy stops waiting for: handed to the fleet (shared
+        state), else lost here, as when Redis fails."""
+        if not brokens:
+            return
+        if self.fleet is not None:
+            try:
+                handed = self.fleet.hand([
+                    (b.session, b.key, {"m": b.method, "p": b.protocol}) for b in brokens
+                ])
+            except Exception:  # the count must not keep the process from stopping
+                handed = False
+            if handed:
+                _logger.info(
+                    "mcp-resumption-proxy: %d answer(s) not delivered handed to the fleet: the "
+                    "instance that serves their resume settles them, else they are lost once "
+                    "the window (%g s) has passed", len(brokens), self.fleet.window)
+                return
+        for broken in brokens:
+            self._fated(broken, "lost", why)
+
+    def take_over(self, taken: list[dict[str, Any]], server: str,
+                  session: str | None) -> Watch | None:
+        """``taken``: the session's losses another instance handed to the
+        fleet, claimed here by the resume that ``server`` now serves: this
+        instance decides them, as its own broken requests."""
+        now = time.monotonic()
+        for entry in taken:
+            broken = _handed(entry, server, session, now)
+            if broken is not None:
+                self._await(broken)
+        return self.watch_resume(server, session)
+
+    def _swept_lost(self, entry: dict[str, Any]) -> None:
+        """A handed loss this instance's sweep claimed (the writer thread):
+        no resume anywhere within the window."""
+        try:
+            broken = _handed(entry, self.home or "-", None, time.monotonic())
+            if broken is not None:
+                self._seen_server(broken.server)
+                self._fated(broken, "lost", "the proxy stopped before its answer was written, "
+                            "and no instance of the fleet served a resume within the window")
+        except Exception:  # the sweep goes on
+            _logger.warning("mcp-resumption-proxy: counting a handed loss failed", exc_info=True)
 
     def server_of(self, scope: dict[str, Any]) -> str:
         server = scope.get("server") or ("", None)
         return server_name(str(server[0]), server[1])
+
+
+def _handed(entry: dict[str, Any], server: str, session: str | None,
+            now: float) -> _Broken | None:
+    """A loss handed to the fleet, as a broken request of this instance."""
+    key, method, protocol = entry.get("r"), entry.get("m"), entry.get("p")
+    if not isinstance(key, str) or not isinstance(method, str) or len(key) > MAX_HANDED_KEY:
+        return None
+    return _Broken(key, method[:MAX_TOOL], "", server, session,
+                   protocol if isinstance(protocol, str) else None, now)

@@ -97,9 +97,12 @@ class InFlightLedger:
         restored, this process takes them over): out of the ledger.  One
         still held never reaches Redis."""
         written = []
+        kept = self._kept()
         with self._wake:
             for key in keys:
                 field = self._field(writer or self.writer, session_hash, key)
+                if (server, field) in kept:
+                    continue  # left to the fleet at exit (its fate: elsewhere)
                 if self._held.pop((server, field), None) is None:
                     written.append(field)
         if written:
@@ -119,6 +122,11 @@ class InFlightLedger:
     def _fate_key(self, server: str, session_hash: str | None, key: str) -> str:
         field = self._field("", session_hash, key)
         return f"{KEY_PREFIX}:o:{keyed_hash(self._key, server)}:{field}"
+
+    def _fate_key_of(self, server: str, field: str) -> str:
+        """``_fate_key`` of a ledger field (``<writer>|<session>|<key>``, its
+        key hashed already where long)."""
+        return f"{KEY_PREFIX}:o:{keyed_hash(self._key, server)}:" + field[field.index("|"):]
 
     def took_over(self, server: str, session_hash: str | None, keys: list[str]) -> None:
         """This process decides the fates of these requests, broken in
@@ -168,6 +176,46 @@ class InFlightLedger:
             mine.difference_update(written)
             if not mine:
                 del self._mine[server]
+
+    # A proxy of a fleet (``hands_at_exit``, set by the proxy) counts no
+    # broken request lost at its exit: another instance may still resume
+    # it.  Its entries stay in the ledger (``keep_at_exit``), under the
+    # lease its last write renews, and once that lapses the first sweep
+    # counts each lost once, unless a process took it over (``took_over``).
+    hands_at_exit = False
+
+    def _kept(self) -> set[tuple[str, str]]:
+        return self.__dict__.setdefault("_kept_at_exit", set())
+
+    def keep_at_exit(self, requests: list[tuple[str, str | None, str]]) -> list[int]:
+        """Of ``requests`` (server, session hash, key) about to be counted
+        lost at exit, the indexes left to the fleet: those in the ledger
+        (written, or held and written at the close), kept there."""
+        if not self.hands_at_exit:
+            return []
+        kept = []
+        with self._wake:
+            for index, (server, session_hash, key) in enumerate(requests):
+                field = self._field(self.writer, session_hash, key)
+                if (server, field) in self._held or field in self._mine.get(server, ()):
+                    self._kept().add((server, field))
+                    kept.append(index)
+        return kept
+
+    def _forget_ops(self, pipe: Any) -> None:
+        """The close: this process's entries out of the ledgers (it counted
+        their requests itself), but those kept for the fleet, written."""
+        kept = self._kept()
+        with self._wake:
+            held = {k: v for k, v in self._held.items() if k in kept}
+            self._held.clear()  # never written: nothing to take out
+            self._held.update(held)
+        if held:
+            self._write_held(pipe, everything=True)
+        for server, fields in list(self._mine.items()):
+            forgotten = sorted(f for f in fields if (server, f) not in kept)
+            if forgotten:
+                self._ledger_ops(pipe, ("del", server, forgotten))
 
     def _write_held(self, pipe: Any, everything: bool = False) -> None:
         """The held entries whose delay is over (``everything``: all)."""
@@ -224,5 +272,89 @@ class InFlightLedger:
                     method, transport = str(entry["m"]), str(entry["t"])
                 except (ValueError, TypeError, KeyError):
                     continue
+                counted = self._counters().get(server)
+                if counted is None and not client.set(
+                    self._fate_key_of(server, field), self.writer, nx=True, ex=self._ttl
+                ):
+                    continue  # a process took it over: its fate is that one's
                 self.lost_claimed += 1
-                self._on_lost(server, transport, method)
+                if counted is not None:
+                    counted(entry)  # a ledger handed over: its owner's count
+                else:
+                    self._on_lost(server, transport, method)
+
+    # Losses a process claims as it stops (the proxy's client leg: the
+    # answers it had not delivered when it was drained), handed to the
+    # fleet in a ledger of their own, as in-flight entries of the process:
+    # held for the rest of its window by a lease it sets as it hands them,
+    # taken by the process that serves their resume (``take_handed``), or,
+    # once that lease lapses, claimed lost once by the first ``sweep`` (the
+    # dead process's sweep above), whose count is the ledger's own
+    # (``count_swept``).
+
+    def _counters(self) -> dict[str, Callable[[dict[str, Any]], None]]:
+        return self.__dict__.setdefault("_swept_counters", {})
+
+    def count_swept(self, ledger: str, count: Callable[[dict[str, Any]], None]) -> None:
+        """Entries of ``ledger`` a sweep claims here are counted by
+        ``count(entry)`` (on the writer thread), not as the client half's."""
+        self._counters()[ledger] = count
+
+    def hand_claims(
+        self, ledger: str, entries: list[tuple[str | None, str, dict[str, Any]]], hold: float
+    ) -> bool:
+        """Write ``entries`` (session hash, request key, what to count it
+        by: at least ``m`` and ``t``) to ``ledger`` under this process,
+        whose lease is set to ``hold`` s from now: no sweep claims them
+        sooner.  One bounded round trip; False when Redis failed (the
+        caller counts them itself)."""
+        if not entries:
+            return True
+        fields = {
+            self._field(self.writer, session_hash, key): json.dumps(entry)
+            for session_hash, key, entry in entries
+        }
+        name, lease, ttl = self._ledger(ledger), f"{KEY_PREFIX}:w:{self.writer}", self._ttl
+
+        def write(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            pipe.hset(name, mapping=fields)
+            pipe.expire(name, ttl)
+            pipe.set(lease, 1, px=max(1, int(hold * 1000)))
+            return pipe.execute()
+
+        return self.call(write, "write") is not None
+
+    def take_handed(self, ledger: str, session_hash: str | None) -> list[dict[str, Any]] | None:
+        """The entries of ``ledger`` handed over in ``session_hash``'s
+        session, each claimed here (``SET NX``, the sweep's claim: once
+        for the fleet) and taken out; None when Redis failed.  Two bounded
+        round trips, the first a scan of the session's fields."""
+        name = self._ledger(ledger)
+        claim_prefix = f"{KEY_PREFIX}:k:{keyed_hash(self._key, ledger)}:"
+        pattern = f"*|{session_hash or '-'}|*"
+        writer, ttl = self.writer, self._ttl
+
+        def take(client: Any) -> list[dict[str, Any]]:
+            _, found = client.hscan(name, 0, match=pattern, count=MAX_SWEPT)
+            handed = [
+                (field.decode() if isinstance(field, bytes) else field, value)
+                for field, value in list(found.items())[:MAX_SWEPT]
+            ]
+            if not handed:
+                return []
+            pipe = client.pipeline(transaction=False)
+            for field, _ in handed:
+                pipe.set(claim_prefix + field, writer, nx=True, ex=ttl)
+            won = [item for item, claimed in zip(handed, pipe.execute()) if claimed]
+            if won:
+                client.hdel(name, *[field for field, _ in won])
+            taken = []
+            for _, value in won:
+                try:
+                    taken.append(json.loads(value))
+                except ValueError:
+                    continue
+            return taken
+
+        return self.call(take, "write")

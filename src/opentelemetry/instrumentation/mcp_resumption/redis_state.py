@@ -326,10 +326,7 @@ class RedisStore(RedisLink, InFlightLedger, TaskHandover):
                         keys=keys, args=[item.encode(), self._ttl, item.at], client=pipe
                     )
                 elif item[0] == "forget":
-                    with self._wake:
-                        self._held.clear()  # never written: nothing to take out
-                    for server, fields in list(self._mine.items()):
-                        self._ledger_ops(pipe, ("del", server, sorted(fields)))
+                    self._forget_ops(pipe)
                 elif item[0] == "now":
                     self._write_held(pipe, everything=True)
                 elif item[0] == "call":

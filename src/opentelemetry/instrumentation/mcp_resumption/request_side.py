@@ -162,14 +162,17 @@ class RequestSide:
         """The client stops waiting for everything (the process exits): its
         broken requests are lost (but those another process took over), and
         so are the subscriptions still open."""
-        elsewhere = self._taken_elsewhere(self.broken.entries)
+        elsewhere = self._taken_elsewhere(self.broken.entries, at_exit=True)
         with self._lock:
             return self.breaks.all_lost(self.index.streams.values(), why, elsewhere)
 
-    def _taken_elsewhere(self, pick: Callable[[], list[Broken]]) -> frozenset[tuple[int, str]]:
+    def _taken_elsewhere(
+        self, pick: Callable[[], list[Broken]], at_exit: bool = False
+    ) -> frozenset[tuple[int, str]]:
         """Of the broken requests ``pick`` names (under the lock), those
         another process of the shared state took over, asked of the store
-        outside the lock (one bounded round trip; none with the memory store)."""
+        outside the lock (one bounded round trip; none with the memory
+        store); ``at_exit``: and those a proxy of a fleet leaves to it."""
         store = self.sharing.store
         if not store.shared:
             return frozenset()
@@ -178,8 +181,11 @@ class RequestSide:
             if not picked:
                 return frozenset()
             asked = [(b.server, self.sharing.session_hash(b.session), b.key) for b in picked]
-        taken = store.fates_elsewhere(asked)
-        return frozenset((id(picked[i].session), picked[i].key) for i in taken)
+        kept = store.keep_at_exit(asked) if at_exit else []
+        kept_set = frozenset(kept)
+        left = [i for i in range(len(asked)) if i not in kept_set]
+        taken = [left[i] for i in store.fates_elsewhere([asked[i] for i in left])] if left else []
+        return frozenset((id(picked[i].session), picked[i].key) for i in (*kept, *taken))
 
     def all_subscriptions_due(self) -> list[LostSubscription]:
         """Every lost subscription still waiting: counted now (the exit)."""
