@@ -50,6 +50,11 @@ async def finished(running: Stack) -> None:
     await running.upstream_router.wait_for(done)
 
 
+def resumes_ended(exchanges) -> bool:
+    resumes = [e for e in exchanges if e.request.header("last-event-id")]
+    return bool(resumes) and all(e.finished.is_set() for e in resumes)
+
+
 def assert_nothing_lost(running: Stack, polls: set[str] = frozenset({"resumed", "caught_up"})
                         ) -> None:
     """Neither leg broke, lost or orphaned a request; the server's leg saw
@@ -75,6 +80,10 @@ def test_a_server_that_closes_the_calls_stream_answers_through_the_proxy(kind, m
                          OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT=CONFIRM) as running:
             async with AppClient(kind, running.url) as client:
                 assert await client.call("x") == "done x"
+                # The SDK server holds a resumed stream open after the
+                # answer; a client closes it at the answer, and so must
+                # whoever polled (the session still open: no DELETE yet).
+                await running.upstream_router.wait_for(resumes_ended)
             await finished(running)
         return running
 

@@ -316,6 +316,7 @@ def start(
         failed = True
         current: httpx.Response | None = response
         retry: int | None = None
+        polled = False
         try:
             while current is not None:
                 current.stream = _Limited(current.stream)
@@ -327,6 +328,10 @@ def start(
                         relay.pending.answered(event.data)
                     if forwarded is not None:
                         forwarded(f"{relay.key}:{relay.last}")
+                    if polled and relay.pending is not None and not relay.pending.ids:
+                        # Read as the client reads its own resume, to the
+                        # answer: a server may hold a resumed stream open.
+                        break
                 if poll is None or relay.pending is None or not relay.pending.ids or (
                     relay.upstream_last_id is None
                 ):
@@ -337,6 +342,7 @@ def start(
                 current = None
                 await asyncio.sleep(poll_delay(retry))
                 current = await poll(relay.upstream_last_id)
+                polled = True
         except asyncio.CancelledError:
             failed = False  # let go: no client came back within LINGER
         except Exception:
