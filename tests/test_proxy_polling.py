@@ -24,7 +24,14 @@ import pytest
 
 from proxy_harness import LEG, Stack, stack
 from test_proxy_resumable import PROXY_ID, assert_once_in_order
-from wire import RESUMABLE_CLIENTS, AppClient, IntegerEventStore, Truth, sdk_app
+from wire import (
+    RESUMABLE_CLIENTS,
+    AppClient,
+    IntegerEventStore,
+    Truth,
+    first_call_fails,
+    sdk_app,
+)
 
 BROKEN = "mcp.client.resumption.broken_requests"
 GAPS = "mcp.client.resumption.gaps"
@@ -178,3 +185,36 @@ def test_the_typescript_server_closing_a_call_twice_answers_through_the_proxy(
         assert len(downstream.resumes) == 2, "the client polled, through the proxy"
     # The TypeScript store's ids are opaque: they prove no order.
     assert_nothing_lost(running, {"unverifiable"})
+
+
+@pytest.mark.parametrize("kind", RESUMABLE_CLIENTS)
+def test_a_poll_the_server_does_not_answer_breaks_the_clients_stream(kind) -> None:
+    """``--resumable``: the server's leg refuses every resume (the router
+    closes the connection with no answer, as a server gone would).  The
+    proxy's poll fails, so its client's stream breaks; the client's own
+    resume is forwarded with the server's id, and refused too, as in observe
+    mode.  Nothing is counted lost on the client's leg: the proxy wrote the
+    client everything it got."""
+    async def gone():
+        return None  # every resume from here on: no answer
+
+    async def scenario() -> Stack:
+        app = sdk_app(IntegerEventStore(), polling=True, retry_ms=RETRY_MS)
+        async with stack(app, proxy_args=("--resumable",), at_resume=gone,
+                         OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT=CONFIRM) as running:
+            async with AppClient(kind, running.url) as client:
+                await first_call_fails(client)
+            await finished(running)
+        return running
+
+    running = asyncio.run(scenario())
+    refused = [r for r in running.upstream_router.refused if r.header("last-event-id")]
+    assert len(refused) >= 2, "the proxy's poll, then the client's resume"
+    assert all(r.header("last-event-id").isdigit() for r in refused), "the server's own id"
+    client_resumes = Truth(running.client_router).resumes
+    assert client_resumes and all(PROXY_ID.match(r.request.header("last-event-id"))
+                                  for r in client_resumes)
+    assert all(r.status == 502 for r in client_resumes), [r.status for r in client_resumes]
+    lost = running.proxy.counts(BROKEN, LEG, FATE)
+    assert {leg for leg, fate in lost if fate == "lost"} <= {"proxy_server"}, lost
+    assert ("client_proxy", "lost") not in lost, lost
