@@ -322,7 +322,8 @@ class ProxyApp(Passthrough):
                     await answer_events(send, enforce.error_events(pending, message))
                     return
             if relay is not None and response.status_code == 200 and is_sse(response):
-                resumable.start(relay, response, self._forwarded(session_id))
+                resumable.start(relay, response, self._forwarded(session_id),
+                                self._poller(target, upstream_headers))
                 response = None  # the relay's now
                 await self._follow(receive, send, relay, after, [], watch=watch)
                 return
@@ -334,7 +335,10 @@ class ProxyApp(Passthrough):
                 if method == "GET" and cursor is None and status == 200 and (session or session_id):
                     self.relays.hold_standalone(relay, session or session_id, headers, status,
                                                 start_headers)
-                resumable.start(relay, response, self._forwarded(session or session_id))
+                if method == "POST":
+                    relay.pending = enforce.Pending(enforce.request_ids(body))
+                resumable.start(relay, response, self._forwarded(session or session_id),
+                                self._poller(target, upstream_headers))
                 response = None
                 await self._follow(receive, send, relay, 0, start_headers, status, watch=watch)
                 return
@@ -343,6 +347,26 @@ class ProxyApp(Passthrough):
         finally:
             if response is not None:
                 await response.aclose()
+
+    def _poller(self, target: bytes, headers: list[tuple[bytes, bytes]]) -> resumable.Poll:
+        """How a relay resumes its upstream stream itself, as the client
+        would (a GET with the upstream's own last id, the client's
+        credentials and session): for a server that closed it on purpose."""
+        url = self.upstream_origin + target.decode("latin-1")
+        kept = [(k, v) for k, v in headers
+                if k.lower() not in (b"last-event-id", b"accept", b"content-type")]
+
+        async def poll(last_id: str) -> httpx.Response | None:
+            request = httpx.Request("GET", url, headers=[
+                *kept, (b"accept", b"text/event-stream"),
+                (b"last-event-id", last_id.encode("latin-1"))])
+            response = await self.client.send(request, stream=True, follow_redirects=True)
+            if response.status_code == 200 and is_sse(response):
+                return response
+            await response.aclose()
+            return None
+
+        return poll
 
     def _replayed(self, judged: tuple[Any, ...] | None) -> None:
         """A resume from a carried cursor was handed on: ``replayed`` on the

@@ -12,7 +12,12 @@ seconds the relay keeps reading, and a client that resumes with one of its
 ids gets every event after it once, in order.  When the upstream stream
 itself breaks, the relay remembers the upstream's last id and resumes the
 upstream with it on the client's next resume (the proxy wraps the upstream's
-ids rather than hides them).
+ids rather than hides them).  When the server closes a call's stream on
+purpose before its answer (SSE polling, protocol 2025-11-25: the body ends
+cleanly), the relay resumes the upstream itself with the upstream's last id
+after the ``retry:`` it was given, as an SDK client would, and reads on into
+the same relay: its client's stream stays open and gets the answer there, and
+the resume is a poll on the server's leg, never a break.
 
 With shared state (``SharedRelays``) a relay's events are also written to
 Redis, so that a client whose resume lands on another instance of a fleet
@@ -37,13 +42,24 @@ import itertools
 import secrets
 import threading
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx
 from httpx_sse import EventSource
 
-from .relay_terms import LINGER, MAX_BYTES, MAX_EVENT_BYTES, MAX_EVENTS, MAX_RELAYS, parse
+from .enforce import Pending
+from .relay_terms import (
+    LINGER,
+    MAX_BYTES,
+    MAX_EVENT_BYTES,
+    MAX_EVENTS,
+    MAX_RELAYS,
+    POLL_DELAY,
+    POLL_DELAY_MAX,
+    POLL_DELAY_MIN,
+    parse,
+)
 
 if TYPE_CHECKING:
     from .shared import SharedBuffer, SharedRelays
@@ -69,6 +85,9 @@ class Relay:
         self.status = 200
         self.headers: list[tuple[bytes, bytes]] = []
         self.credentials = b""
+        # The requests a POST's stream is to answer, until answered: the
+        # relay resumes a stream the server closed before them (a poll).
+        self.pending: Pending | None = None
         self.task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._linger: asyncio.TimerHandle | None = None
@@ -268,32 +287,71 @@ class _Limited(httpx.AsyncByteStream):
         await self._inner.aclose()
 
 
+# A resume of the upstream that the relay makes itself: the upstream's answer
+# to a GET with ``Last-Event-ID`` set to the id given, if it is an event
+# stream (None: refused, and the relay ends as broken).
+Poll = Callable[[str], Awaitable["httpx.Response | None"]]
+
+
+def poll_delay(retry_ms: int | None) -> float:
+    """Seconds to wait before resuming a stream the server closed, from the
+    last ``retry:`` it gave (milliseconds), bounded."""
+    if retry_ms is None:
+        return POLL_DELAY
+    return min(max(retry_ms / 1000.0, POLL_DELAY_MIN), POLL_DELAY_MAX)
+
+
 def start(
     relay: Relay,
     response: httpx.Response,
     forwarded: Callable[[str], None] | None = None,
+    poll: Poll | None = None,
 ) -> None:
     """Read ``response``'s events into ``relay`` on a task of its own; the
-    response is closed when the stream ends or the relay lets it go."""
+    response is closed when the stream ends or the relay lets it go.
+    ``poll``: how to resume the upstream when it closes the stream cleanly
+    with requests of ``relay.pending`` unanswered (None: never)."""
 
     async def pump() -> None:
         failed = True
-        limited = _Limited(response.stream)
-        response.stream = limited
+        current: httpx.Response | None = response
+        retry: int | None = None
+        polled = False
         try:
-            async for event in EventSource(response).aiter_sse():
-                relay.add(event)
-                if forwarded is not None:
-                    forwarded(f"{relay.key}:{relay.last}")
-            failed = False
+            while current is not None:
+                current.stream = _Limited(current.stream)
+                async for event in EventSource(current).aiter_sse():
+                    relay.add(event)
+                    if event.retry is not None:
+                        retry = event.retry
+                    if relay.pending is not None:
+                        relay.pending.answered(event.data)
+                    if forwarded is not None:
+                        forwarded(f"{relay.key}:{relay.last}")
+                    if polled and relay.pending is not None and not relay.pending.ids:
+                        # Read as the client reads its own resume, to the
+                        # answer: a server may hold a resumed stream open.
+                        break
+                if poll is None or relay.pending is None or not relay.pending.ids or (
+                    relay.upstream_last_id is None
+                ):
+                    failed = False
+                    break
+                # The server closed the stream before the answers: it polls.
+                await current.aclose()
+                current = None
+                await asyncio.sleep(poll_delay(retry))
+                current = await poll(relay.upstream_last_id)
+                polled = True
         except asyncio.CancelledError:
             failed = False  # let go: no client came back within LINGER
         except Exception:
             pass  # the upstream broke: the next resume resumes it
         finally:
             relay.end(failed)
-            with contextlib.suppress(Exception):
-                await response.aclose()
+            if current is not None:
+                with contextlib.suppress(Exception):
+                    await current.aclose()
 
     relay.ended = relay.failed = False
     relay.task = asyncio.ensure_future(pump())
