@@ -14,9 +14,12 @@ about a minute.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,7 +27,8 @@ import pytest
 pytestmark = pytest.mark.mcp2  # the everything-server and client are mcp 2.x's
 
 import conformance_stack as cs  # noqa: E402
-from proxy_harness import Proxy  # noqa: E402
+from loss_accounting import check as check_loss_accounting  # noqa: E402
+from proxy_harness import Proxy, proxy  # noqa: E402
 
 BROKEN = "mcp.client.resumption.broken_requests"
 GAPS = "mcp.client.resumption.gaps"
@@ -42,11 +46,11 @@ LEG = "mcp.resumption.leg"
 ABANDONED_BY_THE_SUITE = {("tools/list", str(request)) for request in (1000, 1001, 1002)}
 LOST_LINE = re.compile(r"mcp-resumption lost call: .* leg=(\S+) .*method=(\S+) request=(\S+):")
 # The client scenarios that put a call on a stream, each at the wire it is
-# written for: sse-retry closes the call's stream and answers on the GET
-# resume; elicitation-sep1034 asks the client something on the call's
-# stream; request-metadata runs every callback at 2026-07-28.
+# written for (initialize is tools_call's first step): sse-retry closes the
+# call's stream and answers on the GET resume; elicitation-sep1034 asks the
+# client something on the call's stream; request-metadata runs every
+# callback at 2026-07-28.
 CLIENT_SCENARIOS = (
-    ("initialize", "2025-11-25"),
     ("tools_call", "2025-11-25"),
     ("sse-retry", "2025-11-25"),
     ("elicitation-sep1034-client-defaults", "2025-11-25"),
@@ -55,28 +59,56 @@ CLIENT_SCENARIOS = (
 )
 
 
+@dataclass
+class ServerSuites:
+    """Each server-side stack's two runs (wire -> SuiteRun), and what each
+    plugin process exported at its exit."""
+
+    runs: dict[str, dict[str, cs.SuiteRun]]
+    server_half: cs.EverythingServer
+    proxies: dict[str, dict[str, Proxy]]
+
+
 @pytest.fixture(scope="module")
-def bare(tmp_path_factory) -> dict[str, cs.SuiteRun]:
-    """The reference: the everything-server uninstrumented, both wires."""
-    with cs.everything_server(instrumented=False) as server:
-        runs = cs.server_suites(server.url, tmp_path_factory.mktemp("bare"))
-    for wire, run in runs.items():
+def server_suites(tmp_path_factory) -> Iterator[ServerSuites]:
+    """The server suite at both wires against four stacks at once (each run
+    mostly waits on its server): the everything-server bare (the reference),
+    under the server half, and behind the proxy in observe mode and with
+    ``--resumable``, one proxy per wire (so that each count is known to be
+    one wire's).  Every process is stopped before a test reads its counts."""
+    out = tmp_path_factory.mktemp("server-suites")
+    with contextlib.ExitStack() as stack:
+        bare = stack.enter_context(cs.everything_server(instrumented=False))
+        half = stack.enter_context(cs.everything_server(instrumented=True))
+        proxies = {mode: {wire: stack.enter_context(proxy(bare.url, *args)) for wire in cs.WIRES}
+                   for mode, args in (("observe", ()), ("resumable", ("--resumable",)))}
+        urls = {"bare": dict.fromkeys(cs.WIRES, bare.url),
+                "server_half": dict.fromkeys(cs.WIRES, half.url),
+                **{mode: {wire: running.url for wire, running in by_wire.items()}
+                   for mode, by_wire in proxies.items()}}
+        with ThreadPoolExecutor(len(urls) * len(cs.WIRES)) as pool:
+            pending = {(stack_name, wire): pool.submit(cs.server_suite, url, wire,
+                                                       out / stack_name / wire)
+                       for stack_name, by_wire in urls.items() for wire, url in by_wire.items()}
+            runs: dict[str, dict[str, cs.SuiteRun]] = {}
+            for (stack_name, wire), future in pending.items():
+                runs.setdefault(stack_name, {})[wire] = future.result()
+    for wire, run in runs["bare"].items():
         assert run.returncode == 0 and not run.failures(), (wire, run.output[-3000:])
         assert run.checks, (wire, run.output[-3000:])
-    return runs
+    yield ServerSuites(runs, half, proxies)
 
 
-def assert_passes_as_bare(runs: dict[str, cs.SuiteRun], bare: dict[str, cs.SuiteRun]) -> None:
-    for wire, run in runs.items():
+def assert_passes_as_bare(suites: ServerSuites, stack_name: str) -> None:
+    for wire, run in suites.runs[stack_name].items():
         assert run.returncode == 0, (wire, run.output[-3000:])
         assert run.failures() == {}, wire
-        assert run.verdicts() == bare[wire].verdicts(), wire
+        assert run.verdicts() == suites.runs["bare"][wire].verdicts(), wire
 
 
-def test_the_server_half_passes_every_server_scenario(bare, tmp_path):
-    with cs.everything_server(instrumented=True) as server:
-        runs = cs.server_suites(server.url, tmp_path)
-    assert_passes_as_bare(runs, bare)
+def test_the_server_half_passes_every_server_scenario(server_suites):
+    assert_passes_as_bare(server_suites, "server_half")
+    server = server_suites.server_half
     fates = server.counts("mcp.server.resumption.deliveries", "mcp.resumption.delivery.fate")
     assert fates.get("delivered"), server.stdout[-3000:]  # the half ran and exported
     # Every answer reached an open stream or its resume: the suite got each.
@@ -87,31 +119,25 @@ def test_the_server_half_passes_every_server_scenario(bare, tmp_path):
     assert "lost" not in ends, ends
     # Each resume the suite sent (server-sse-polling's GET), replayed.
     outcomes = server.counts("mcp.server.resumption.requests", "mcp.resumption.outcome")
-    resumes = sum(run.resumes() for run in runs.values())
+    resumes = sum(run.resumes() for run in server_suites.runs["server_half"].values())
     assert resumes >= 1
     assert outcomes == {"replayed": resumes}, outcomes
 
 
 @pytest.mark.parametrize("mode", ["observe", "resumable"])
-def test_the_proxy_passes_every_server_scenario(bare, tmp_path, mode):
-    """One proxy per wire (so that each count is known to be one wire's),
-    both in front of one everything-server.  With ``--resumable``,
-    server-sse-polling (the server closes the call's stream after its
-    priming event and answers on the client's GET resume) fails until the
-    proxy resumes its own upstream stream: its answer never comes."""
-    args = ("--resumable",) if mode == "resumable" else ()
-    with cs.everything_server(instrumented=False) as server:
-        proxies = {wire: Proxy(server.url, *args) for wire in cs.WIRES}
-        try:
-            with ThreadPoolExecutor(len(cs.WIRES)) as pool:
-                pending = {wire: pool.submit(cs.server_suite, proxies[wire].url, wire,
-                                             tmp_path / wire) for wire in cs.WIRES}
-                runs = {wire: future.result() for wire, future in pending.items()}
-        finally:
-            for running in proxies.values():
-                running.close()
+def test_the_proxy_passes_every_server_scenario(server_suites, mode):
+    """With ``--resumable``, server-sse-polling (the server closes the
+    call's stream after its priming event and answers on the client's GET
+    resume) fails until the proxy resumes its own upstream stream: its
+    answer never comes."""
+    runs, proxies = server_suites.runs[mode], server_suites.proxies[mode]
+    bare = server_suites.runs["bare"]
     # Every finding at once: a failed scenario and a false loss are two bugs.
     problems: dict[str, object] = {}
+    try:
+        check_loss_accounting(list(proxies.values()))
+    except AssertionError as disagreement:
+        problems["lost calls unlike their gaps"] = str(disagreement)
     for wire, run in runs.items():
         if run.returncode or run.failures():
             problems[f"{wire} scenarios"] = (run.returncode, run.failures())
