@@ -28,7 +28,7 @@ pytestmark = pytest.mark.mcp2  # the everything-server and client are mcp 2.x's
 
 import conformance_stack as cs  # noqa: E402
 from loss_accounting import check as check_loss_accounting  # noqa: E402
-from proxy_harness import Proxy, proxy  # noqa: E402
+from proxy_harness import Proxy  # noqa: E402
 
 BROKEN = "mcp.client.resumption.broken_requests"
 GAPS = "mcp.client.resumption.gaps"
@@ -65,7 +65,7 @@ class ServerSuites:
     plugin process exported at its exit."""
 
     runs: dict[str, dict[str, cs.SuiteRun]]
-    server_half: cs.EverythingServer
+    server_half: dict[str, cs.EverythingServer]
     proxies: dict[str, dict[str, Proxy]]
 
 
@@ -74,16 +74,21 @@ def server_suites(tmp_path_factory) -> Iterator[ServerSuites]:
     """The server suite at both wires against four stacks at once (each run
     mostly waits on its server): the everything-server bare (the reference),
     under the server half, and behind the proxy in observe mode and with
-    ``--resumable``, one proxy per wire (so that each count is known to be
-    one wire's).  Every process is stopped before a test reads its counts."""
+    ``--resumable``; each plugin process serves one wire (so that each count
+    is known to be one wire's).  Every process is stopped before a test reads its counts."""
     out = tmp_path_factory.mktemp("server-suites")
     with contextlib.ExitStack() as stack:
-        bare = stack.enter_context(cs.everything_server(instrumented=False))
-        half = stack.enter_context(cs.everything_server(instrumented=True))
-        proxies = {mode: {wire: stack.enter_context(proxy(bare.url, *args)) for wire in cs.WIRES}
-                   for mode, args in (("observe", ()), ("resumable", ("--resumable",)))}
+        # Started side by side: each process spends its start importing.
+        servers = started(stack, [lambda: cs.EverythingServer(instrumented=False)]
+                          + [lambda: cs.EverythingServer(instrumented=True)] * len(cs.WIRES))
+        bare, half = servers[0], dict(zip(cs.WIRES, servers[1:]))
+        modes = (("observe", ()), ("resumable", ("--resumable",)))
+        fronts = started(stack, [lambda args=args: Proxy(bare.url, *args)
+                                 for _, args in modes for _ in cs.WIRES])
+        proxies = {mode: dict(zip(cs.WIRES, fronts[i * len(cs.WIRES):]))
+                   for i, (mode, _) in enumerate(modes)}
         urls = {"bare": dict.fromkeys(cs.WIRES, bare.url),
-                "server_half": dict.fromkeys(cs.WIRES, half.url),
+                "server_half": {wire: running.url for wire, running in half.items()},
                 **{mode: {wire: running.url for wire, running in by_wire.items()}
                    for mode, by_wire in proxies.items()}}
         with ThreadPoolExecutor(len(urls) * len(cs.WIRES)) as pool:
@@ -93,10 +98,28 @@ def server_suites(tmp_path_factory) -> Iterator[ServerSuites]:
             runs: dict[str, dict[str, cs.SuiteRun]] = {}
             for (stack_name, wire), future in pending.items():
                 runs.setdefault(stack_name, {})[wire] = future.result()
+        for stack_name, by_wire in runs.items():
+            for wire, run in by_wire.items():
+                cs.alone(run, urls[stack_name][wire], wire, out / stack_name / f"{wire}-alone")
+                if run.alone:
+                    print(f"{stack_name} {wire}: failed side by side, run again alone: {run.alone}")
     for wire, run in runs["bare"].items():
         assert run.returncode == 0 and not run.failures(), (wire, run.output[-3000:])
         assert run.checks, (wire, run.output[-3000:])
     yield ServerSuites(runs, half, proxies)
+
+
+def started(stack: contextlib.ExitStack, makers: list) -> list:
+    """Each maker's process, made at once; each closed by ``stack``."""
+    with ThreadPoolExecutor(len(makers)) as pool:
+        pending = [pool.submit(make) for make in makers]
+    made = []
+    for future in pending:
+        if future.exception() is None:
+            stack.callback(future.result().close)
+            made.append(future.result())
+    assert len(made) == len(makers), [future.exception() for future in pending]
+    return made
 
 
 def assert_passes_as_bare(suites: ServerSuites, stack_name: str) -> None:
@@ -108,20 +131,25 @@ def assert_passes_as_bare(suites: ServerSuites, stack_name: str) -> None:
 
 def test_the_server_half_passes_every_server_scenario(server_suites):
     assert_passes_as_bare(server_suites, "server_half")
-    server = server_suites.server_half
-    fates = server.counts("mcp.server.resumption.deliveries", "mcp.resumption.delivery.fate")
-    assert fates.get("delivered"), server.stdout[-3000:]  # the half ran and exported
-    # Every answer reached an open stream or its resume: the suite got each.
-    assert set(fates) <= {"delivered", "stored", "replayed"}, fates
-    assert server.counts("mcp.server.resumption.work_for_nobody", "gen_ai.tool.name") == {}
-    assert server.counts("mcp.server.resumption.second_runs", "gen_ai.tool.name") == {}
-    ends = server.counts("mcp.server.resumption.listens", "mcp.resumption.listen.end")
-    assert "lost" not in ends, ends
-    # Each resume the suite sent (server-sse-polling's GET), replayed.
-    outcomes = server.counts("mcp.server.resumption.requests", "mcp.resumption.outcome")
-    resumes = sum(run.resumes() for run in server_suites.runs["server_half"].values())
-    assert resumes >= 1
-    assert outcomes == {"replayed": resumes}, outcomes
+    for wire, server in server_suites.server_half.items():
+        fates = server.counts("mcp.server.resumption.deliveries", "mcp.resumption.delivery.fate")
+        assert fates.get("delivered"), server.stdout[-3000:]  # the half ran and exported
+        # Every answer reached an open stream or its resume, but for the
+        # streams server-sse-multiple-streams cancels after one event (see
+        # ABANDONED_BY_THE_SUITE): an answer not yet written then reaches
+        # nobody (2025-11-25), or its handler is cancelled (2026-07-28).
+        abandoned = "undelivered" if wire == "2025-11-25" else "cancelled"
+        assert set(fates) <= {"delivered", "stored", "replayed", abandoned}, (wire, fates)
+        assert fates.get(abandoned, 0) <= len(ABANDONED_BY_THE_SUITE), (wire, fates)
+        assert server.counts("mcp.server.resumption.work_for_nobody", "gen_ai.tool.name") == {}
+        assert server.counts("mcp.server.resumption.second_runs", "gen_ai.tool.name") == {}
+        ends = server.counts("mcp.server.resumption.listens", "mcp.resumption.listen.end")
+        assert "lost" not in ends, (wire, ends)
+        # Each resume the suite sent (server-sse-polling's GET), replayed.
+        outcomes = server.counts("mcp.server.resumption.requests", "mcp.resumption.outcome")
+        resumes = server_suites.runs["server_half"][wire].resumes()
+        assert outcomes == ({"replayed": resumes} if resumes else {}), (wire, outcomes)
+    assert server_suites.runs["server_half"]["2025-11-25"].resumes() == 1
 
 
 @pytest.mark.parametrize("mode", ["observe", "resumable"])
