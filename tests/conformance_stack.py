@@ -97,6 +97,16 @@ class SuiteRun:
                                  if check["status"] != "INFO")
                 for scenario, checks in self.checks.items()}
 
+    def unlike(self, reference: SuiteRun, *, same_checks: bool = True) -> dict[str, object]:
+        """Scenario -> (reference's, this run's) where they differ: the
+        scenarios run, and with ``same_checks`` each one's checks."""
+        mine, theirs = self.verdicts(), reference.verdicts()
+        if not same_checks:
+            mine = dict.fromkeys(mine, "ran")
+            theirs = dict.fromkeys(theirs, "ran")
+        return {name: (theirs.get(name), mine.get(name))
+                for name in sorted(set(mine) | set(theirs)) if mine.get(name) != theirs.get(name)}
+
     def resumes(self) -> int:
         """The GETs with ``Last-Event-ID`` the suite logged (its own side of
         the wire: sent to a server, or received by its mock server)."""
