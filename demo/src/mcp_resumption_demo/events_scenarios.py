@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -247,12 +247,6 @@ async def _until(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-def _row(name: str, happened: str, gaps: tuple[str, ...],
-         run: Callable[[], Awaitable[ScenarioWire]], *series: str) -> Scenario:
-    return Scenario(name=name, happened=happened, expected_gaps=gaps, expected_outcome=None,
-                    run=run, event_series=tuple((d, REPLAYABLE) for d in series))  # fmt: skip
-
-
 _CLIENT: Final = (
     "An application of the Events extension (2026-07-28) on "
     + ("httpx2" if MCP_MAJOR >= 2 else "httpx and httpx-sse")
@@ -260,44 +254,69 @@ _CLIENT: Final = (
 )
 
 SCENARIOS = (
-    _row(
-        "events_poll_truncated",
-        f"{_CLIENT}. It polls with the cursor of its last poll, but the server keeps "
-        f"{_RETENTION} events and {_PUBLISHED_BETWEEN} were published in between: it "
-        f"answers truncated: true, from the oldest it keeps. {_PUBLISHED_BETWEEN - _RETENTION} "
-        "events are skipped, and said so on the wire: one truncated gap, no lost call.",
-        ("truncated",), _poll_truncated, "poll",
+    Scenario(
+        name="events_poll_truncated",
+        happened=(
+            f"{_CLIENT}. It polls with the cursor of its last poll, but the server keeps "
+            f"{_RETENTION} events and {_PUBLISHED_BETWEEN} were published in between: it "
+            f"answers truncated: true, from the oldest it keeps. {_PUBLISHED_BETWEEN - _RETENTION} "
+            "events are skipped, and said so on the wire: one truncated gap, no lost call."
+        ),
+        expected_gaps=("truncated",),
+        expected_outcome=None,
+        run=_poll_truncated,
+        event_series=(("poll", REPLAYABLE),),
     ),
-    _row(
-        "events_cursor_lost",
-        f"{_CLIENT}. Its poll loop follows its cursors, then the process restarts with the "
-        "cursor kept in memory and polls with none: the server starts from now and answers "
-        "truncated: false, so the wire says nothing of the 2 events published meanwhile, "
-        "never delivered. One cursor_lost gap, no lost call.",
-        ("cursor_lost",), _cursor_lost, "poll",
+    Scenario(
+        name="events_cursor_lost",
+        happened=(
+            f"{_CLIENT}. Its poll loop follows its cursors, then the process restarts with the "
+            "cursor kept in memory and polls with none: the server starts from now and answers "
+            "truncated: false, so the wire says nothing of the 2 events published meanwhile, "
+            "never delivered. One cursor_lost gap, no lost call."
+        ),
+        expected_gaps=("cursor_lost",),
+        expected_outcome=None,
+        run=_cursor_lost,
+        event_series=(("poll", REPLAYABLE),),
     ),
-    _row(
-        "events_stream_reopened",
-        f"{_CLIENT}. Its events/stream push stream is cut after 2 events, nothing said; it "
-        "reopens with the last cursor it got, and the server answers active with "
-        "truncated: false and delivers the event published while it was cut: nothing lost. "
-        "Two streams opened and ended, one reopened with continuity proven, no gap.",
-        (), _stream_reopened, "push",
+    Scenario(
+        name="events_stream_reopened",
+        happened=(
+            f"{_CLIENT}. Its events/stream push stream is cut after 2 events, nothing said; it "
+            "reopens with the last cursor it got, and the server answers active with "
+            "truncated: false and delivers the event published while it was cut: nothing lost. "
+            "Two streams opened and ended, one reopened with continuity proven, no gap."
+        ),
+        expected_gaps=(),
+        expected_outcome=None,
+        run=_stream_reopened,
+        event_series=(("push", REPLAYABLE),),
     ),
-    _row(
-        "events_stream_silent",
-        f"{_CLIENT}. Its push stream hears a heartbeat every {_HEARTBEAT_S:g} s, then "
-        "nothing at all, still open (a stalled server, or a proxy holding the connection); "
-        f"the application gives up after {_READ_TIMEOUT_S:g} s of silence and closes it. "
-        "One stream_silent gap, said while the stream was open; not a loss, no lost call.",
-        ("stream_silent",), _stream_silent, "push",
+    Scenario(
+        name="events_stream_silent",
+        happened=(
+            f"{_CLIENT}. Its push stream hears a heartbeat every {_HEARTBEAT_S:g} s, then "
+            "nothing at all, still open (a stalled server, or a proxy holding the connection); "
+            f"the application gives up after {_READ_TIMEOUT_S:g} s of silence and closes it. "
+            "One stream_silent gap, said while the stream was open; not a loss, no lost call."
+        ),
+        expected_gaps=("stream_silent",),
+        expected_outcome=None,
+        run=_stream_silent,
+        event_series=(("push", REPLAYABLE),),
     ),
-    _row(
-        "events_webhook_lapsed",
-        f"{_CLIENT}. It subscribes a webhook for {_TTL_MS} ms and never refreshes: 2 events "
-        "are delivered, then the server lets the subscription expire after refreshBefore, "
-        "and the event published after that is delivered to nobody. One lapsed gap, "
-        "no lost call.",
-        ("lapsed",), _webhook_lapsed, "webhook",
+    Scenario(
+        name="events_webhook_lapsed",
+        happened=(
+            f"{_CLIENT}. It subscribes a webhook for {_TTL_MS} ms and never refreshes: 2 events "
+            "are delivered, then the server lets the subscription expire after refreshBefore, "
+            "and the event published after that is delivered to nobody. One lapsed gap, "
+            "no lost call."
+        ),
+        expected_gaps=("lapsed",),
+        expected_outcome=None,
+        run=_webhook_lapsed,
+        event_series=(("webhook", REPLAYABLE),),
     ),
 )
