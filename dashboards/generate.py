@@ -51,6 +51,13 @@ TASK_FATE = "mcp_resumption_task_fate"
 TASK_LOSSES = 'mcp_resumption_task_fate=~"lost|expired|handle_lost"'
 TASK_ABANDONED = 'mcp_resumption_task_fate="abandoned"'
 CANCEL_IGNORED = 'mcp_resumption_task_cancel_ignored="true"'
+EVENT_GAPS = "mcp_client_resumption_event_gaps_total"
+EVENT_DUPLICATES = "mcp_client_resumption_event_duplicates_total"
+EVENT_STREAMS = "mcp_client_resumption_event_streams_total"
+EVENT_KIND = "mcp_events_gap_kind"
+EVENT_LOSSES = 'mcp_events_gap_kind=~"truncated|cursor_lost|not_reopened|lapsed"'
+EVENT_DEGRADED = 'mcp_events_gap_kind=~"stream_silent|unreplayable_window"'
+REOPENED = 'mcp_events_stream_state="reopened"'
 BY_METHOD_AND_SERVER = "mcp_method_name, server_address, server_port"
 ERRORED = 'error_type!=""'
 SUBSCRIPTION_LABELS = "mcp_resumption_subscription_notifications, mcp_resumption_subscription_relistened"
@@ -646,6 +653,59 @@ def build() -> dict[str, Any]:
         "The mean number of tasks/get polls per task, by fate. Many polls for short lives: "
         "the client polls faster than the server's pollIntervalMs.",
         [target(polls, "mean {{mcp_resumption_task_fate}}")], "short",
+    ), 12, 8)
+
+    # Last again: the panels above keep their ids.
+    lay.row("Events")
+    lay.add(stat(
+        "Events skipped in range",
+        "Breaks of an event subscription's thread of cursors (the Events extension) that "
+        "skipped events the application never got: truncated (the server said so), "
+        "cursor_lost (the client started from now after holding a cursor), not_reopened "
+        "(a cut push stream was not reopened) and lapsed (a webhook subscription was not "
+        "refreshed). McpResumptionEventsLost warns on any.",
+        f"sum({inc(EVENT_GAPS, EVENT_LOSSES)})", "short",
+        [{"color": "green", "value": None}, {"color": "red", "value": 1}], decimals=0,
+    ), 6, 4)
+    lay.add(stat(
+        "Push streams silent or unreplayable in range",
+        "Push streams silent for more than twice their heartbeat interval while still "
+        "open, and streams of a type without replay cut and reopened (what was published "
+        "in between is lost by design). McpResumptionEventStreamDegraded tells of any.",
+        f"sum({inc(EVENT_GAPS, EVENT_DEGRADED)})", "short",
+        [{"color": "green", "value": None}, {"color": "orange", "value": 1}], decimals=0,
+    ), 6, 4)
+    lay.add(stat(
+        "Push streams reopened with continuity proven in range",
+        "events/stream reopened with the thread's last cursor and answered truncated: "
+        "false: resumes that lost nothing.",
+        f"sum({inc(EVENT_STREAMS, REOPENED)})", "short",
+        [{"color": "green", "value": None}], decimals=0,
+    ), 6, 4)
+    lay.add(stat(
+        "Events delivered again in range",
+        "Events delivered again with the same eventId and payload: at-least-once delivery, "
+        "to deduplicate by eventId; not a loss.",
+        f"sum({inc(EVENT_DUPLICATES)})", "short",
+        [{"color": "green", "value": None}], decimals=0,
+    ), 6, 4)
+    lay.add(table(
+        "Event gaps by kind and event type",
+        "Breaks of event subscriptions in the time range per server, event type and kind, "
+        "largest first. truncated, cursor_lost, not_reopened, lapsed and "
+        "unreplayable_window lost events; cursor_rewound redelivers; cursor_unknown "
+        "proves nothing; terminated is the server ending a subscription.",
+        f"sum by (server_address, server_port, mcp_events_name, {EVENT_KIND}) "
+        f"({inc(EVENT_GAPS)}) > 0",
+        ["server_address", "server_port", "mcp_events_name", EVENT_KIND], "gaps", decimals=0,
+    ), 12, 8)
+    lay.add(timeseries(
+        "Push streams per second: opened, ended, reopened, silent",
+        "What became of events/stream push streams, per second. opened above ended: "
+        "streams open now; reopened: resumes that lost nothing; silent: streams that "
+        "stopped hearing heartbeats.",
+        [target("sum by (mcp_events_stream_state) (" + rate(EVENT_STREAMS) + ")",
+                "{{mcp_events_stream_state}}")], "short",
     ), 12, 8)
 
     links = [

@@ -213,6 +213,8 @@ class ScrapedDemo:
             "mcp_client_resumption_reissues_total": self.total("reissues"),
             "mcp_client_resumption_broken_requests_total": self.total("fates"),
             "mcp_client_resumption_duplicate_runs_total": self.total("duplicate_runs"),
+            "mcp_client_resumption_event_gaps_total": self.total("event_gaps"),
+            "mcp_client_resumption_event_streams_total": self.total("event_streams"),
             "mcp_client_operation_duration_seconds_count": sum(
                 n["count"] for row in self.rows for n in row["counted"]["operations"].values()
             ),

@@ -46,8 +46,18 @@ def truth(rows: list[dict]) -> dict:
     # (port, method, error.type), buckets per (port, method)
     operations, operation_errors, operation_buckets = Counter(), Counter(), {}
     operation_bounds: list[float] = []
+    # the Events extension: gaps by kind and per (port, event type, kind),
+    # push streams by state, events delivered again
+    event_gaps, event_gaps_by_server, event_streams = Counter(), Counter(), Counter()
+    event_duplicates = 0
     for row in rows:
         counted, port = row["counted"], str(row["server_port"])
+        event_gaps.update(counted["event_gaps"])
+        event_streams.update(counted["event_streams"])
+        event_duplicates += counted["event_duplicates"].get("all", 0)
+        for key, n in counted["event_gaps_joint"].items():
+            name, kind = key.split("|")
+            event_gaps_by_server[(port, name, kind)] += n
         for key, n in counted["lost_subscriptions_joint"].items():
             notifications, relistened = key.split("|")
             subscriptions[(notifications, relistened)] += n
@@ -115,6 +125,8 @@ def truth(rows: list[dict]) -> dict:
         "ran_twice_by_server": ran_twice_by_server,
         "operations": operations, "operation_errors": operation_errors,
         "operation_buckets": operation_buckets, "operation_bounds": operation_bounds,
+        "event_gaps": event_gaps, "event_gaps_by_server": event_gaps_by_server,
+        "event_streams": event_streams, "event_duplicates": event_duplicates,
     }  # fmt: skip
 
 
@@ -338,6 +350,22 @@ def compare(prometheus: Prometheus, rows: list[dict], at: float) -> list[tuple]:
     rates("Proxy broken calls by leg and fate",
           ("mcp_resumption_leg", "mcp_resumption_request_fate"), {})
 
+    # the Events extension's row, against the demo's events rows: each
+    # (server, event type, delivery) series starts at 0 when a subscription
+    # opens (the demo starts its rows' before the first scrape)
+    gaps_of = t["event_gaps"]
+    stat("Events skipped in range",
+         sum(gaps_of[k] for k in ("truncated", "cursor_lost", "not_reopened", "lapsed")))
+    stat("Push streams silent or unreplayable in range",
+         gaps_of["stream_silent"] + gaps_of["unreplayable_window"])
+    stat("Push streams reopened with continuity proven in range",
+         t["event_streams"]["reopened"])
+    stat("Events delivered again in range", t["event_duplicates"])
+    table("Event gaps by kind and event type", ("mcp_events_name", "mcp_events_gap_kind"),
+          t["event_gaps_by_server"])
+    rates("Push streams per second: opened, ended, reopened, silent", "mcp_events_stream_state",
+          t["event_streams"])
+
     title = "Breaks not resumable by server"
     result = instant(prometheus, found[title]["targets"][0]["expr"], at)
     shown_share = {r["metric"]["server_port"]: float(r["value"][1]) for r in result}
@@ -420,6 +448,14 @@ def test_every_panel_shows_what_the_demo_counted(shipped_stack):
     assert risky[1] and risky[1] >= 1, table
     twice = next(r for r in report if r[0] == "Calls proven to run twice in range")
     assert twice[1] and twice[1] >= 1, table
+    # the events rows: a truncated poll, a lost cursor and a lapsed webhook
+    # skip events; a silent stream degrades; a cut stream reopens proven
+    skipped = next(r for r in report if r[0] == "Events skipped in range")
+    assert skipped[1] and skipped[1] >= 3, table
+    degraded = next(r for r in report if r[0] == "Push streams silent or unreplayable in range")
+    assert degraded[1] and degraded[1] >= 1, table
+    reopened = next(r for r in report if r[0].startswith("Push streams reopened"))
+    assert reopened[1] and reopened[1] >= 1, table
     # operations: lost calls and re-issues are errors of their own
     errors = next(r for r in report if r[0].startswith("Operation errors by method"))
     assert {key[2] for key in errors[1]} >= {"orphaned_request", "reissued"}, table

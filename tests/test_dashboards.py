@@ -502,6 +502,28 @@ def test_dashboard_has_the_agreed_panels(dashboard: dict[str, Any]) -> None:
         r"rate\(mcp_client_resumption_reissues_total"
     )
     assert some(r"increase\(mcp_client_resumption_duplicate_runs_total")
+    # the Events extension: losses, degraded streams, reopens proven,
+    # duplicates (increase()), gaps per server, type and kind, streams by state
+    assert some(
+        r'increase\(mcp_client_resumption_event_gaps_total\{[^}]*'
+        r'mcp_events_gap_kind=~"truncated\|cursor_lost\|not_reopened\|lapsed"\}'
+    )
+    assert some(
+        r'increase\(mcp_client_resumption_event_gaps_total\{[^}]*'
+        r'mcp_events_gap_kind=~"stream_silent\|unreplayable_window"\}'
+    )
+    assert some(
+        r'increase\(mcp_client_resumption_event_streams_total\{[^}]*'
+        r'mcp_events_stream_state="reopened"\}'
+    )
+    assert some(r"increase\(mcp_client_resumption_event_duplicates_total")
+    assert some(
+        r"sum by \(server_address, server_port, mcp_events_name, mcp_events_gap_kind\) \("
+        r"increase\(mcp_client_resumption_event_gaps_total\{[^}]*\}\[[^\]]+\]\)\) > 0"
+    )
+    assert some(
+        r"sum by \(mcp_events_stream_state\) \(rate\(mcp_client_resumption_event_streams_total"
+    )
     # the conventions' operation duration: quantiles, p95 per method and server,
     # and the share of operations that ended in an error, from cumulative values
     for quantile in ("0.5", "0.95", "0.99"):
@@ -837,7 +859,7 @@ def test_dashboard_rows_variables_and_import(dashboard: dict[str, Any]) -> None:
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
     assert rows == ["Overview", "SLO and error budget", "Gaps", "Latency", "Per server",
                     "Broken calls", "Subscriptions and re-issues", "Operations",
-                    "Proxy legs", "Tasks"]  # fmt: skip
+                    "Proxy legs", "Tasks", "Events"]  # fmt: skip
     variables = _variables(dashboard)
     assert {"datasource", "job", "instance", "server_address", "slo_target"} <= set(variables)
     assert variables["server_address"]["query"]["query"].endswith(", server_address)")

@@ -102,6 +102,28 @@ def test_the_new_rows_count_what_they_say(rows):
     assert twice["fates"] == {"reissued": 1}, twice
 
 
+def test_the_events_rows_count_what_they_say(rows):
+    """The Events extension's rows, as the server's log gives them and as
+    the plugin counted them: never a call, a broken request or a resume."""
+    expected = {
+        "events_poll_truncated": ({"truncated": 1}, {}),
+        "events_cursor_lost": ({"cursor_lost": 1}, {}),
+        "events_stream_reopened": ({}, {"opened": 2, "ended": 2, "reopened": 1}),
+        "events_stream_silent": ({"stream_silent": 1}, {"opened": 1, "ended": 1, "silent": 1}),
+        "events_webhook_lapsed": ({"lapsed": 1}, {}),
+    }
+    for name, (gaps, streams) in expected.items():
+        row = rows[name]
+        assert row["counts_on_the_wire"]["event_gaps"] == gaps, row
+        assert row["counts_on_the_wire"]["event_streams"] == streams, row
+        assert row["counted"]["event_gaps"] == gaps, row
+        assert row["counted"]["event_streams"] == streams, row
+        assert row["counted"]["event_duplicates"] == {}, row
+        assert row["fates"] == {} and row["fates_on_the_wire"] == {}, row
+        assert row["counted"]["attempts"] == {} and row["counted"]["gaps"] == {}, row
+        assert row["outcome"] == "-" and row["pass"], row
+
+
 def test_demo_command_from_a_clean_environment(demo_command):
     result = demo_command
     assert result.returncode == 0, result.stdout + result.stderr

@@ -28,6 +28,10 @@ from mcp_resumption_demo.clients import (  # noqa: E402
     response_id,
     sdk_legacy_session,
 )
+from mcp_resumption_demo.events_log import EventsLog  # noqa: E402
+from mcp_resumption_demo.events_log import Exchange as EventsExchange  # noqa: E402
+from mcp_resumption_demo.events_scenarios import event_counts  # noqa: E402
+from mcp_resumption_demo.events_server import REPLAYABLE  # noqa: E402
 from mcp_resumption_demo.fates import broken_request_fates, wire_counts  # noqa: E402
 from mcp_resumption_demo.loopback import LoopbackServer  # noqa: E402
 from mcp_resumption_demo.router import (  # noqa: E402
@@ -55,7 +59,9 @@ from opentelemetry.instrumentation.mcp_resumption import semconv  # noqa: E402
 # The TypeScript server's ids: <stream uuid>_<epoch ms>_<base36>.
 TS_ID = re.compile(r"[0-9a-f-]{36}_[0-9]{13}_[0-9a-z]{1,8}")
 
-_BUDGET_S = 30.0
+# The events rows add about 8 s: 5 of them the silent stream's, which the
+# application waits out by design (events_scenarios: its read timeout).
+_BUDGET_S = 40.0
 
 
 class _Run:
@@ -119,6 +125,12 @@ def test_scenarios_carry_design_names() -> None:
         "reissue_ran_twice",
         "bridge_cut_lost",
         "subscription_dropped",
+        # the Events extension: subscriptions, never calls
+        "events_poll_truncated",
+        "events_cursor_lost",
+        "events_stream_reopened",
+        "events_stream_silent",
+        "events_webhook_lapsed",
         "proxy_cut_upstream",
         "proxy_cut_client",
         "proxy_cut_client_no_store",
@@ -130,10 +142,13 @@ def test_scenarios_carry_design_names() -> None:
     ]
     for scenario in scenarios:
         if scenario.expected_outcome is None:
-            # no resume attempt: what it loses is a subscription, never a resume's gap
-            assert set(scenario.expected_gaps) <= {SUBSCRIPTION_LOST}, scenario.name
+            # no resume attempt: what it loses is a subscription, never a resume's
+            # gap (an events row's are the kinds of mcp.events.gap.kind)
+            kinds = set(semconv.EVENT_GAP_KINDS) if scenario.event_series else {SUBSCRIPTION_LOST}
+            assert set(scenario.expected_gaps) <= kinds, scenario.name
             assert scenario.happened
             continue
+        assert not scenario.event_series, scenario.name
         assert set(scenario.expected_gaps) <= set(GAP_KINDS), scenario.name
         assert scenario.expected_outcome in OUTCOMES, scenario.name
         # A refused or unanswered resume keeps its outcome, whatever it loses.
@@ -603,6 +618,127 @@ def test_subscription_dropped(run: _Run) -> None:
     assert wire.counts["lost_subscriptions"] == {"false": 1}
     assert wire.counts["lost_subscriptions_by_filter"] == {"tools": 1}
     assert wire.counts["reissues"] == {}
+
+
+def _no_call(wire: ScenarioWire) -> None:
+    """An events row: nothing was a call, nothing resumed."""
+    assert wire.fates == {} and wire.resumes == [] and wire.exchanges == []
+    assert wire.log is not None
+    assert {e.method for e in wire.log.exchanges()} <= {
+        "events/poll", "events/stream", "events/subscribe", "webhook"}
+
+
+def test_events_poll_truncated(run: _Run) -> None:
+    """The second poll sent the cursor the first was given; the server kept
+    5 of the 12 published since and answered truncated from the oldest."""
+    wire = run.wires["events_poll_truncated"]
+    _no_call(wire)
+    first, second = wire.log.exchanges("events/poll")
+    assert first.cursor_in is None and second.cursor_in == first.cursors_out[-1][1]
+    assert second.truncated
+    [cut] = wire.log.truncations()
+    published = [p.event_id for p in wire.log.published_events()]
+    assert list(cut.skipped_event_ids) == published[:7] and cut.reason == "retention"
+    assert second.event_ids == published[7:]
+    assert wire.never_delivered == published[:7]
+    assert wire.counts["event_gaps"] == {"truncated": 1}
+    assert wire.counts["event_streams"] == {} and wire.counts["event_duplicates"] == {}
+
+
+def test_events_cursor_lost(run: _Run) -> None:
+    """The application followed its cursor, then polled with none: the
+    server answered truncated: false from now, and 2 events were never
+    delivered, though the server skipped nothing it kept."""
+    wire = run.wires["events_cursor_lost"]
+    _no_call(wire)
+    start, follow, restart = wire.log.exchanges("events/poll")
+    assert follow.cursor_in == start.cursors_out[-1][1] and len(follow.event_ids) == 3
+    assert restart.cursor_in is None and not restart.truncated and restart.event_ids == []
+    assert wire.log.truncations() == []
+    published = [p.event_id for p in wire.log.published_events()]
+    assert wire.never_delivered == published[3:] and len(published) == 5
+    assert wire.counts["event_gaps"] == {"cursor_lost": 1}
+
+
+def test_events_stream_reopened(run: _Run) -> None:
+    """Cut (nothing said) after 2 events, reopened with the cut stream's
+    last cursor: not truncated, and every event delivered exactly once."""
+    wire = run.wires["events_stream_reopened"]
+    _no_call(wire)
+    first, again = wire.log.exchanges("events/stream")
+    assert first.ended == "cut" and again.ended == "client_closed"
+    assert again.cursor_in == first.cursors_out[-1][1] and not again.truncated
+    published = [p.event_id for p in wire.log.published_events()]
+    assert wire.log.delivered_ids() == published and len(published) == 3
+    assert wire.never_delivered == []
+    assert wire.counts["event_gaps"] == {}
+    assert wire.counts["event_streams"] == {"opened": 2, "ended": 2, "reopened": 1}
+
+
+def test_events_stream_silent(run: _Run) -> None:
+    """Heartbeats, then nothing while the stream stayed open, for far more
+    than twice the longest gap between two of them; the client closed it."""
+    wire = run.wires["events_stream_silent"]
+    _no_call(wire)
+    [stream] = wire.log.exchanges("events/stream")
+    assert stream.ended == "client_closed"
+    heartbeats = [where for where, _ in stream.cursors_out if where == "heartbeat"]
+    assert len(heartbeats) >= 3
+    [(gap, silence)] = wire.silences
+    assert silence > 2 * gap and silence >= 3.5
+    assert wire.counts["event_gaps"] == {"stream_silent": 1}
+    assert wire.counts["event_streams"] == {"opened": 1, "ended": 1, "silent": 1}
+
+
+def test_events_webhook_lapsed(run: _Run) -> None:
+    """Subscribed once, never refreshed: 2 events delivered, then the server
+    let the subscription expire; the event published after reached nobody."""
+    wire = run.wires["events_webhook_lapsed"]
+    _no_call(wire)
+    assert len(wire.log.exchanges("events/subscribe")) == 1
+    [hook] = wire.log.exchanges("webhook")
+    assert hook.ended == "expired"
+    published = [p.event_id for p in wire.log.published_events()]
+    assert hook.event_ids == published[:2] and wire.never_delivered == published[2:]
+    assert wire.counts["event_gaps"] == {"lapsed": 1}
+
+
+def _events_exchange(log: EventsLog, method: str, **fields: object) -> EventsExchange:
+    exchange = log.open(method, len(log.exchanges()), type=fields.pop("type", REPLAYABLE))
+    log.update(exchange, **fields)
+    return exchange
+
+
+def test_event_counts_reads_the_log() -> None:
+    """The demo's rules on the server's log, case by case."""
+    log = EventsLog()
+    # a poll loop: a cursor handed out, sent back, then none (lost)
+    _events_exchange(log, "events/poll", cursor_in=None, cursors_out=[("poll", "c1")])
+    _events_exchange(log, "events/poll", cursor_in="c1", cursors_out=[("poll", "c2")])
+    _events_exchange(log, "events/poll", cursor_in=None, cursors_out=[("poll", "c3")])
+    assert event_counts(log)["event_gaps"] == {"cursor_lost": 1}
+    # a first poll without a cursor loses nothing
+    log = EventsLog()
+    _events_exchange(log, "events/poll", cursor_in=None, cursors_out=[("poll", "c1")])
+    _events_exchange(log, "events/poll", cursor_in=None, cursors_out=[("poll", "c1")])
+    assert event_counts(log)["event_gaps"] == {}
+    # a cut stream reopened from an older cursor proves nothing; one not reopened
+    log = EventsLog()
+    _events_exchange(log, "events/stream", ended="cut",
+                     cursors_out=[("active", "s0"), ("event", "s1")])
+    _events_exchange(log, "events/stream", cursor_in="s0", ended="cut")
+    counts = event_counts(log)
+    assert counts["event_streams"] == {"opened": 2, "ended": 2}
+    assert counts["event_gaps"] == {"not_reopened": 1}
+    # a silence within twice the heartbeat interval is none; a duplicate
+    assert event_counts(log, [(0.2, 0.39)])["event_gaps"] == {"not_reopened": 1}
+    log = EventsLog()
+    polled = _events_exchange(log, "events/poll", truncated=True)
+    log.delivered(polled, "e1")
+    log.delivered(polled, "e1")
+    counts = event_counts(log, [(0.2, 0.5)])
+    assert counts["event_gaps"] == {"truncated": 1, "stream_silent": 1}
+    assert counts["event_duplicates"] == {"all": 1}
 
 
 def _request(index: int, body: dict, events: list[dict], *, severed: bool = False,

@@ -18,9 +18,9 @@ import asyncio
 import functools
 import logging
 
-from events_server import NO_REPLAY, REPLAYABLE, Dialect, EventsServer
-from events_wire import EventsRpcError, EventsWire, WebhookReceiver, new_secret
 from helpers import Telemetry
+from mcp_resumption_demo.events_server import NO_REPLAY, REPLAYABLE, Dialect, EventsServer
+from mcp_resumption_demo.events_wire import EventsRpcError, EventsWire, WebhookReceiver, new_secret
 from wire import wait_until
 
 GAPS = "mcp.client.resumption.event_gaps"
@@ -163,6 +163,8 @@ async def test_a_silent_push_stream_is_said_while_it_is_open(caplog):
             assert not stream.ended.is_set()  # still open on the wire
             assert server.open_streams() == [stream.request_id]
     assert found == {"stream_silent": 1}
+    # a state of the stream too (the dashboard's push streams by state)
+    assert telemetry.counts(STREAMS, STATE).get("silent") == 1
     assert len(lines(caplog, "stream_silent")) == 1
     no_lost_call(telemetry)
 

@@ -1,4 +1,4 @@
-"""The tests' Events server (``events_server``) against the specification,
+"""The Events server (the demo's ``events_server``) against the specification,
 through a plain HTTP client (``events_wire``): the wire, each control, each
 dialect, and its ground-truth log.  No product is involved."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from events_server import (
+from mcp_resumption_demo.events_server import (
     CURSOR_EXPIRED,
     EXTENSION,
     FORBIDDEN,
@@ -23,7 +23,7 @@ from events_server import (
     Dialect,
     EventsServer,
 )
-from events_wire import EventsRpcError, EventsWire, WebhookReceiver, new_secret
+from mcp_resumption_demo.events_wire import EventsRpcError, EventsWire, WebhookReceiver, new_secret
 
 HEARTBEAT_S = 0.1
 
@@ -650,10 +650,9 @@ def test_as_a_subprocess_with_the_admin_endpoint(tmp_path):
     import subprocess
     import sys
     import urllib.request
-    from pathlib import Path
 
-    script = Path(__file__).with_name("events_server.py")
-    process = subprocess.Popen([sys.executable, str(script), "--retention", "3"],
+    module = "mcp_resumption_demo.events_server"
+    process = subprocess.Popen([sys.executable, "-m", module, "--retention", "3"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         where = json.loads(process.stdout.readline())

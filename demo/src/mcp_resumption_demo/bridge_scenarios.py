@@ -50,6 +50,9 @@ class Supergateway:
         self.process = subprocess.Popen(
             [node, str(entry), "--stdio", server, "--outputTransport", "streamableHttp",
              "--stateful", "--logLevel", "none", "--port", str(self.port)],
+            # A pipe of its own: supergateway ends at the end of its stdin, and
+            # the demo's may be closed already (run from cron, CI, < /dev/null).
+            stdin=subprocess.PIPE,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ},
@@ -77,6 +80,8 @@ class Supergateway:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+        if self.process.stdin is not None:
+            self.process.stdin.close()
         self._log.close()
 
 

@@ -148,6 +148,7 @@ def _counted(reader: InMemoryMetricReader) -> dict[str, Any]:
         "reissues_joint": _joint(
             reader, sc.REISSUES[0], (sc.REISSUE_IDEMPOTENT, sc.REISSUE_RISK)
         ),
+        "event_gaps_joint": _joint(reader, sc.EVENT_GAPS[0], (sc.EVENT_NAME, sc.EVENT_GAP_KIND)),
         "operations": _operations(reader),
     }
 
@@ -155,8 +156,11 @@ def _counted(reader: InMemoryMetricReader) -> dict[str, Any]:
 def _wire_kept(reader: InMemoryMetricReader) -> dict[str, dict[str, int]]:
     """The counts a row's wire also gives (``ScenarioWire.counts``): re-issues
     by risk and by what the server declared, calls that ran twice, lost
-    subscriptions by whether the client re-listened and by their filter."""
+    subscriptions by whether the client re-listened and by their filter;
+    the Events extension's gaps by kind, push streams by state and events
+    delivered again."""
     duplicates = sum(int(p.value) for p in _points(reader, sc.DUPLICATE_RUNS[0]))
+    again = sum(int(p.value) for p in _points(reader, sc.EVENT_DUPLICATES[0]))
     return {
         "reissues": _sums(reader, sc.REISSUES[0], sc.REISSUE_RISK),
         "reissues_by_idempotent": _sums(reader, sc.REISSUES[0], sc.REISSUE_IDEMPOTENT),
@@ -168,6 +172,9 @@ def _wire_kept(reader: InMemoryMetricReader) -> dict[str, dict[str, int]]:
             reader, sc.LOST_SUBSCRIPTIONS[0], sc.SUBSCRIPTION_NOTIFICATIONS
         ),
         "tasks": _sums(reader, sc.TASKS[0], sc.TASK_FATE),
+        "event_gaps": _sums(reader, sc.EVENT_GAPS[0], sc.EVENT_GAP_KIND),
+        "event_streams": _sums(reader, sc.EVENT_STREAMS[0], sc.EVENT_STREAM_STATE),
+        "event_duplicates": {"all": again} if again else {},
     }
 
 
@@ -179,6 +186,9 @@ WIRE_COUNTS = (
     "lost_subscriptions",
     "lost_subscriptions_by_filter",
     "tasks",
+    "event_gaps",
+    "event_streams",
+    "event_duplicates",
 )
 
 
@@ -186,7 +196,8 @@ def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]
     """What one scenario added to the totals of ``_counted``."""
     changed = {}
     names = ("attempts", "gaps", "transport_crossings", "replayed_events", "stream_events",
-             "fates", *WIRE_COUNTS, "lost_subscriptions_joint", "reissues_joint")  # fmt: skip
+             "fates", *WIRE_COUNTS, "lost_subscriptions_joint", "reissues_joint",
+             "event_gaps_joint")  # fmt: skip
     for name in names:
         changed[name] = {
             key: value - before[name].get(key, 0)
@@ -268,7 +279,7 @@ def _reserved_socket() -> socket.socket:
 
 
 def _announce_servers(
-    instrumentor: McpResumptionInstrumentor, count: int, scrapes: _Scrapes
+    instrumentor: McpResumptionInstrumentor, rows: list[scenarios.Scenario], scrapes: _Scrapes
 ) -> None:
     """A real client knows its servers long before a stream breaks, and
     Prometheus has scraped their counters at 0 by then; the demo's scenarios
@@ -276,11 +287,17 @@ def _announce_servers(
     scrape, the routers' ports are reserved up front, their servers are seen
     (every series at 0), and the scenarios start once a scrape has read that:
     otherwise each first count would be a series born at 1, which increase()
-    cannot see."""
-    scenarios.router_sockets[:] = [_reserved_socket() for _ in range(count)]
+    cannot see.  Likewise the event types each events row's client
+    subscribes to (``Scenario.event_series``): each row takes the next
+    reserved port."""
+    scenarios.router_sockets[:] = [_reserved_socket() for _ in rows]
     before = scrapes.count
-    for sock in scenarios.router_sockets:
-        instrumentor.processor.server_seen("127.0.0.1", sock.getsockname()[1])
+    processor = instrumentor.processor
+    for sock, scenario in zip(scenarios.router_sockets, rows):
+        port = sock.getsockname()[1]
+        processor.server_seen("127.0.0.1", port)
+        for delivery, name in scenario.event_series:
+            processor.telemetry.event_type_seen("127.0.0.1", port, delivery, name)
     print("waiting for a scrape of the metrics endpoint ...", file=sys.stderr, flush=True)
     if not scrapes.wait_after(before, FIRST_SCRAPE_TIMEOUT):
         print(
@@ -406,7 +423,8 @@ def run(
             if s.prepare is not None and (reason := s.prepare()) is not None
         }
         if prometheus_port is not None:
-            _announce_servers(instrumentor, len(selected) - len(unavailable), scrapes)
+            runnable = [s for s in selected if s.name not in unavailable]
+            _announce_servers(instrumentor, runnable, scrapes)
         total = len(selected)
         for number, scenario in enumerate(selected, 1):
             step = f"[{number}/{total}]"
@@ -429,11 +447,15 @@ def run(
             counted = _difference(_counted(reader), counted_before)
             after = _outcomes(reader)
             outcomes = sorted(k for k in after if after[k] > before.get(k, 0))
+            # A resume's gap events, and the Events extension's breaks: its
+            # losses are gap events too, and every break is counted.
             detected = sorted(
                 {
-                    str(record.log_record.attributes.get(sc.GAP_KIND))
+                    str(attributes.get(sc.GAP_KIND, attributes.get(sc.EVENT_GAP_KIND)))
                     for record in logs.get_finished_logs()
+                    if (attributes := record.log_record.attributes) is not None
                 }
+                | set(counted["event_gaps"])
             )
             expected = sorted(scenario.expected_gaps)
             rows.append(
@@ -492,6 +514,7 @@ def run(
             "lost subscriptions by re-listened": _sums(
                 reader, sc.LOST_SUBSCRIPTIONS[0], sc.SUBSCRIPTION_RELISTENED
             ),
+            "event gaps by kind": _sums(reader, sc.EVENT_GAPS[0], sc.EVENT_GAP_KIND),
         }
         if report is not None:
             report(rows, totals)

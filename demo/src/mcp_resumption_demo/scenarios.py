@@ -211,6 +211,12 @@ class Scenario:
     ``prepare``, if given, runs before the scenario (installing what it needs)
     and returns None when it can run, or why it cannot here ("node not
     found"): the demo then shows the row as skipped with that reason.
+
+    The rows of the Events extension (``events_scenarios``) expect the kinds
+    of ``mcp.events.gap.kind`` their breaks are counted by (a loss among
+    them is also a ``resumption.gap`` event), and name in ``event_series``
+    the (delivery, event type) their client subscribes to: the runner
+    starts those series at 0 before a scrape, as it does each server's.
     """
 
     name: str
@@ -219,6 +225,7 @@ class Scenario:
     expected_outcome: str | None
     run: Callable[[], Awaitable[ScenarioWire]]
     prepare: Callable[[], str | None] | None = None
+    event_series: tuple[tuple[str, str], ...] = ()
 
 
 # -- staging: servers, router, teardown -------------------------------------------------
@@ -1031,6 +1038,7 @@ SCENARIO_MODULES: Final = (
     "mcp_resumption_demo.reissue_scenarios",
     "mcp_resumption_demo.bridge_scenarios",
     "mcp_resumption_demo.subscription_scenarios",
+    "mcp_resumption_demo.events_scenarios",
     "mcp_resumption_demo.proxy_scenarios",
     "mcp_resumption_demo.task_scenarios",
 )

@@ -24,7 +24,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .events import METHODS, STREAM, SUBSCRIBE, EventLedger, Outcome
+from .events import METHODS, STREAM, SUBSCRIBE, EventLedger, Kind, Outcome
 from .forks import renew_after_fork
 from .jsonrpc import loads, request_key
 
@@ -341,7 +341,10 @@ class EventReports:
             return
         telemetry = self.telemetry
         for finding in outcome.findings:
-            telemetry.event_finding(finding, *self._event_server(finding.key.server))
+            host, port = self._event_server(finding.key.server)
+            telemetry.event_finding(finding, host, port)
+            if finding.kind is Kind.STREAM_SILENT:  # a state of the stream as well
+                telemetry.event_stream("silent", host, port, finding.key.name)
         key = outcome.key
         if key is None:
             return
