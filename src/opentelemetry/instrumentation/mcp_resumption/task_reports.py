@@ -341,7 +341,12 @@ class TaskReports:
             else:
                 ended = self.task_ledger.stop_waiting()
             self._release_locked(ended)
-            self._held.clear()  # the others handed over (or counted here if that fails)
+            # Those handed over are the fleet's now (or counted here if that
+            # fails); those the ledger dropped, with no fate, nobody's.
+            handed_over = {(server, task) for server, task, *_ in handed}
+            for task in [task for task in self._held if task not in handed_over]:
+                store.release_task(*task)
+            self._held.clear()
         if handed:
             outcome = store.hand_over([(server, task, facts) for server, task, facts, _ in handed])
             if outcome is None or not outcome.written(HAND_OVER_WAIT):
