@@ -96,7 +96,7 @@ class TaskReports:
         self._fleet_swept = False
         # The tasks held in the fleet (their records under this process's
         # lease), to release at their fate.
-        self._held: dict[tuple[str, str], None] = {}
+        self._fleet_held: dict[tuple[str, str], None] = {}
         renew_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -344,9 +344,9 @@ class TaskReports:
             # Those handed over are the fleet's now (or counted here if that
             # fails); those the ledger dropped, with no fate, nobody's.
             handed_over = {(server, task) for server, task, *_ in handed}
-            for task in [task for task in self._held if task not in handed_over]:
+            for task in [task for task in self._fleet_held if task not in handed_over]:
                 store.release_task(*task)
-            self._held.clear()
+            self._fleet_held.clear()
         if handed:
             outcome = store.hand_over([(server, task, facts) for server, task, facts, _ in handed])
             if outcome is None or not outcome.written(HAND_OVER_WAIT):
@@ -372,7 +372,7 @@ class TaskReports:
         store = self.tracker.store
         if not store.shared:
             return
-        held = self._held
+        held = self._fleet_held
         for server, task_id, facts in opened:
             held[(server, task_id)] = None
             store.hold_task(server, task_id, facts)
@@ -384,7 +384,7 @@ class TaskReports:
 
     def _release_ended(self, ended: list[Ended]) -> None:
         """Tasks whose fate was counted here: out of the fleet."""
-        if not self._held:
+        if not self._fleet_held:
             return
         with self._tasks_lock:
             self._release_locked(ended)
@@ -393,8 +393,8 @@ class TaskReports:
         store = self.tracker.store
         for each in ended:
             task = (each.server, each.task_id or "")
-            if task in self._held:
-                del self._held[task]
+            if task in self._fleet_held:
+                del self._fleet_held[task]
                 store.release_task(*task)
 
     # ------------------------------------------------------------ fates out
