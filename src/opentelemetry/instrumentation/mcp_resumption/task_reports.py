@@ -351,6 +351,10 @@ class TaskReports:
             outcome = store.hand_over([(server, task, facts) for server, task, facts, _ in handed])
             if outcome is None or not outcome.written(HAND_OVER_WAIT):
                 ended += [abandoned for *_, abandoned in handed]
+                # Counted here: their held records out too, if Redis answers
+                # before the store closes (else the fleet counts them again).
+                for server, task, *_ in handed:
+                    store.release_task(server, task)
         self._tasks_ended(ended)
 
     def task_given_up(self, server: str, task_id: str) -> None:
