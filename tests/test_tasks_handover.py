@@ -254,9 +254,9 @@ def test_a_task_followed_where_it_was_handed_out_costs_redis_two_writes_and_none
 ):
     """The common case: the process that got the handle follows the task to
     its end.  Redis sees one look at the fleet's index (the first answer)
-    and two writes of the task, one script call each: its record held
-    under the process's lease when the handle came, released at its fate;
-    nothing per poll.  Besides, only the lease (renewed every third of it
+    and two writes of the task: its record held under the process's lease
+    when the handle came (one round trip), released at its fate (one
+    script call); nothing per poll.  Besides, only the lease (renewed every third of it
     while the task is held: per time, not per poll or task)."""
     client = redis_server.client()
     client.flushall()
@@ -296,11 +296,15 @@ def test_a_task_followed_where_it_was_handed_out_costs_redis_two_writes_and_none
     assert telemetry.counts(TASKS, FATE).get("completed") == 1
     of_tasks = [(name, key) for name, key in commands if key.startswith("mcpres:v1:t")]
     index = "mcpres:v1:th"
-    held = [key for name, key in of_tasks if name == "EVALSHA" and key != index]
-    assert [name for name, key in of_tasks if key == index] == ["HSCAN"], of_tasks
-    # Two writes of the task (hold, release), the same record, none per poll.
-    assert len(held) == 2 == len(of_tasks) - 1 and held[0] == held[1], of_tasks
-    assert gets[0].request.jsonrpc["params"]["taskId"] not in held[0]  # its keyed hash
+    on_index = [name for name, key in of_tasks if key == index]
+    on_record = [(name, key) for name, key in of_tasks if key != index]
+    # The look at the index; the handle's write (the record, its index entry
+    # and the index's life, one round trip); the release at the fate (one
+    # script): two writes of the task, none per poll.
+    assert on_index == ["HSCAN", "HSET", "EXPIRE"], of_tasks
+    assert [name for name, _ in on_record] == ["SET", "EVALSHA"], of_tasks
+    assert on_record[0][1] == on_record[1][1], of_tasks
+    assert gets[0].request.jsonrpc["params"]["taskId"] not in on_record[0][1]  # its keyed hash
     ledger = ("mcpres:v1:w:", "mcpres:v1:f:")  # the lease; requests slow to answer
     plugin = [c for c in commands if c[1].startswith("mcpres:") and c not in of_tasks]
     assert all(key.startswith(ledger) for _, key in plugin), plugin

@@ -71,18 +71,6 @@ redis.call('DEL', KEYS[1])
 return raw
 """
 
-# A task held (its handle came).  KEYS: the record, the index.  ARGV: the
-# record, its life, the index field, the entry (``w:<writer>``).  The index
-# lives at least as long as any record it lists.
-_HOLD = """
-redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
-if redis.call('TTL', KEYS[2]) < tonumber(ARGV[2]) then
-  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
-end
-return 1
-"""
-
 # A held task's fate was counted by its process.  KEYS: the record, the
 # index.  ARGV: the index field, the entry.  Out, unless another process
 # holds it now (it adopted it: then it is that one's to release).
@@ -165,7 +153,6 @@ class TaskHandover:
     def _init_tasks(self, on_abandoned: Callable[[str, HandedTask], None]) -> None:
         client = self._client
         self._take_script = client.register_script(_TAKE)
-        self._hold_script = client.register_script(_HOLD)
         self._release_script = client.register_script(_RELEASE)
         self._lapsed_script = client.register_script(_LAPSED)
         self._task_sweep_at = None
@@ -206,7 +193,7 @@ class TaskHandover:
     def hold_task(self, server: str, task_id: str, facts: HandedTask) -> None:
         """A task's handle came (or it was adopted): its record, under this
         process's lease, so that the fleet counts it if the process dies
-        before its fate (queued: one script call)."""
+        before its fate (queued: a SET, an HSET and an EXPIRE)."""
         self._enqueue(("hold", server, task_id, facts))
 
     def release_task(self, server: str, task_id: str) -> None:
@@ -248,12 +235,14 @@ class TaskHandover:
         record, field = self._task_keys(item[1], item[2])
         entry = HELD + self.writer
         if item[0] == "hold":
+            # Plain commands, no script: no script to load in the round trip
+            # of a handle.  Every writer sets the index's life to the same
+            # span, so an EXPIRE only ever lengthens it.
             self._held_tasks.add(field)
             life = self._held_life()
-            self._hold_script(
-                keys=[record, self._index()], args=[item[3].encode(), life, field, entry],
-                client=pipe,
-            )
+            pipe.set(record, item[3].encode(), ex=life)
+            pipe.hset(self._index(), field, entry)
+            pipe.expire(self._index(), life)
         else:
             self._held_tasks.discard(field)
             self._release_script(keys=[record, self._index()], args=[field, entry], client=pipe)
