@@ -183,3 +183,112 @@ def test_redis_down_the_hand_over_and_the_take_fall_back_bounded_and_counted(fre
     # A hand-over the exit withdrew is never written later.
     assert shared.flush()
     assert fresh.client().keys(f"{KEY_PREFIX}:t:*") == []
+
+
+# Held tasks (issue 45): a task's record is written under its process's lease
+# when its handle comes, so that a process killed while it follows the task
+# (no exit, no hand-over) still leaves it to the fleet.  A closed store stands
+# for the killed process here: its writer thread stops, its lease is renewed
+# no more, and no hand-over is written.
+
+
+def lease_gone(redis_server, store_: RedisStore) -> None:
+    """Wait until Redis let the process's lease lapse (its own truth)."""
+    deadline = time.monotonic() + WAIT_S
+    while redis_server.client().exists(f"{KEY_PREFIX}:w:{store_.writer}"):
+        assert time.monotonic() < deadline, "the lease never lapsed"
+        time.sleep(0.02)
+
+
+def test_a_held_task_writes_no_raw_id_expires_and_is_released_at_its_fate(fresh):
+    holder = store(fresh.url)
+    holder.hold_task(SERVER, TASK, facts())
+    assert holder.flush()
+    client = fresh.client()
+    keys = client.keys("*")
+    assert sorted(k.decode().split(":")[2] for k in keys) == ["t", "th", "w"], keys
+    for key in keys:
+        assert client.ttl(key) > 0, key
+        dumped = key + (
+            b"".join(b"".join(kv) for kv in client.hgetall(key).items())
+            if client.type(key) == b"hash" else client.get(key)
+        )  # fmt: skip
+        assert TASK.encode() not in dumped and b"8123/mcp" not in dumped, dumped
+    assert list(client.hgetall(f"{KEY_PREFIX}:th").values()) == [f"w:{holder.writer}".encode()]
+    holder.release_task(SERVER, TASK)
+    assert holder.flush()
+    assert client.keys(f"{KEY_PREFIX}:t*") == []
+
+
+def test_a_held_task_is_taken_only_once_its_process_is_gone(fresh):
+    holder = store(fresh.url, lease=0.3)
+    holder.hold_task(SERVER, TASK, facts())
+    assert holder.flush()
+    follower = store(fresh.url, lease=0.3)
+    # Its process follows it still (the lease is renewed): not taken, not touched.
+    assert take(follower, TASK) is None
+    assert len(fresh.client().keys(f"{KEY_PREFIX}:t:*")) == 1
+    assert fresh.client().hlen(f"{KEY_PREFIX}:th") == 1
+    holder.close()  # killed: no hand-over
+    lease_gone(fresh, holder)
+    others = [store(fresh.url, lease=0.3) for _ in range(3)]
+    found: list = []
+    threads = [threading.Thread(target=lambda s=s: found.append(take(s))) for s in others]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert sum(taken is not None for taken in found) == 1, found
+    (taken,) = [t for t in found if t is not None]
+    assert (taken.tool, taken.polls) == ("slow_report", 3)
+    assert fresh.client().keys(f"{KEY_PREFIX}:t*") == []
+
+
+def test_a_dead_processs_held_task_is_abandoned_once_by_the_sweepers(fresh):
+    """Its TTL (0.1 s) ran out long ago: due a reissue window (0.3 s) after
+    a sweep found the lease lapsed; two sweepers race, one counts it."""
+    holder = store(fresh.url, lease=0.3)
+    holder.hold_task(SERVER, TASK, facts(ttl_s=0.1))
+    assert holder.flush()
+    sweepers = [store(fresh.url, lease=0.3) for _ in range(2)]
+    for sweeper in sweepers:  # alive yet: they come back a lease later
+        sweeper.sweep_tasks()
+        assert sweeper.flush()
+    assert all(not s._on_abandoned.seen for s in sweepers)
+    assert all(s._task_sweep_at is not None for s in sweepers)
+    holder.close()
+    lease_gone(fresh, holder)
+    assert any(s._on_abandoned.event.wait(WAIT_S) for s in sweepers)
+    for sweeper in sweepers:  # the other comes back too, and finds nothing
+        sweeper.sweep_tasks()
+        assert sweeper.flush()
+    counted = [s._on_abandoned.seen for s in sweepers]
+    assert sorted(len(seen) for seen in counted) == [0, 1], counted
+    ((task_hash, abandoned),) = [seen[0] for seen in counted if seen]
+    assert task_hash == holder.key_hash(TASK) and abandoned.tool == "slow_report"
+    assert fresh.client().keys(f"{KEY_PREFIX}:t*") == []
+
+
+def test_redis_down_a_hold_and_a_release_never_block_and_are_written_once_it_answers(fresh):
+    fallbacks = Fallbacks()
+    holder = store(fresh.url, fallbacks=fallbacks, cooldown=0.2, lease=0.6)
+    fresh.stop()
+    started = time.monotonic()
+    holder.hold_task(SERVER, TASK, facts())
+    holder.hold_task(SERVER, "task-ended", facts())
+    holder.release_task(SERVER, "task-ended")
+    assert time.monotonic() - started < 0.05  # queued: the caller never waits
+    assert holder.flush()
+    assert fallbacks, "counted"
+    fresh.start()
+    holder.hold_task(SERVER, "task-later", facts())  # the next round trip
+    deadline = time.monotonic() + WAIT_S
+    while fresh.client().hlen(f"{KEY_PREFIX}:th") < 2:
+        assert time.monotonic() < deadline, fresh.client().hgetall(f"{KEY_PREFIX}:th")
+        time.sleep(0.02)
+    assert holder.flush()
+    index = fresh.client().hgetall(f"{KEY_PREFIX}:th")
+    assert sorted(index) == sorted(
+        f"{holder.key_hash(SERVER)}:{holder.key_hash(task)}".encode()
+        for task in (TASK, "task-later")
+    ), index

@@ -235,37 +235,77 @@ def test_redis_down_at_the_exit_counts_the_task_abandoned_there(fleet_of, redis_
     assert task_keys(redis_server) == ([], 0)
 
 
-def test_a_task_followed_where_it_was_handed_out_costs_redis_no_task_write(
+def redis_commands(client) -> list[tuple[str, str]]:
+    """Every command a client sent Redis since the slow log was reset (its
+    threshold 0: all are logged; those a script ran, logged from ``?:0``,
+    are left out), oldest first: (name, the key it names first)."""
+    found = []
+    for entry in reversed(client.slowlog_get(100_000)):
+        if entry.get("client_address") == b"?:0":
+            continue
+        parts = [*entry["command"].decode(errors="replace").split(" "), "", "", ""]
+        name = parts[0].upper()
+        found.append((name, parts[3] if name in ("EVALSHA", "EVAL") else parts[1]))
+    return found
+
+
+def test_a_task_followed_where_it_was_handed_out_costs_redis_two_writes_and_none_per_poll(
     fleet_of, redis_server, telemetry
 ):
     """The common case: the process that got the handle follows the task to
     its end.  Redis sees one look at the fleet's index (the first answer)
-    and nothing of the task: no record, no take."""
-    redis_server.client().flushall()
-    redis_server.client().config_resetstat()
+    and two writes of the task: its record held under the process's lease
+    when the handle came (one round trip), released at its fate (one
+    script call); nothing per poll.  Besides, only the lease (renewed every third of it
+    while the task is held: per time, not per poll or task)."""
+    client = redis_server.client()
+    client.flushall()
+    client.config_set("slowlog-max-len", 100_000)
+    client.config_set("slowlog-log-slower-than", 0)
+    client.slowlog_reset()
     fleet = fleet_of()
-    fleet.server.release.set()
 
     async def scenario():
         from fastmcp import Client
 
         await fleet.router.start()
         try:
-            async with Client(fleet.url) as client:
-                return await client.call_tool("gated", {"n": 1})
+            async with Client(fleet.url) as session:
+                call = asyncio.ensure_future(session.call_tool("gated", {"n": 1}))
+                # Several polls of the working task, then the work ends.
+                while len(fleet.router.of("tasks/get")) < 3 and not call.done():
+                    await asyncio.sleep(0.02)
+                fleet.server.release.set()
+                return await call
         finally:
             await fleet.router.close()
 
-    with telemetry.instrumented(
-        state=redis_server.url, state_key=FLEET_KEY, confirm_timeout=CONFIRM
-    ):
-        result = asyncio.run(scenario())
+    try:
+        with telemetry.instrumented(
+            state=redis_server.url, state_key=FLEET_KEY, confirm_timeout=CONFIRM
+        ):
+            result = asyncio.run(scenario())
+        commands = redis_commands(client)
+    finally:
+        client.config_set("slowlog-log-slower-than", 10_000)
+        client.config_set("slowlog-max-len", 128)
     assert result.data == "gated 1"
-    assert fleet.router.answer(fleet.router.of("tasks/get")[-1])["result"]["status"] == "completed"
+    gets = fleet.router.of("tasks/get")
+    assert [fleet.router.answer(g)["result"]["status"] for g in gets][-1] == "completed"
+    assert len(gets) >= 4, len(gets)  # three working, the completed one
     assert telemetry.counts(TASKS, FATE).get("completed") == 1
-    stats = redis_server.client().info("commandstats")
-    assert "cmdstat_hscan" in stats  # the look at the index
-    # A take reads and deletes (GET, DEL, counted inside its script too);
-    # nothing else of the plugin's does.
-    assert not {"cmdstat_get", "cmdstat_del"} & set(stats), stats
+    of_tasks = [(name, key) for name, key in commands if key.startswith("mcpres:v1:t")]
+    index = "mcpres:v1:th"
+    on_index = [name for name, key in of_tasks if key == index]
+    on_record = [(name, key) for name, key in of_tasks if key != index]
+    # The look at the index; the handle's write (the record, its index entry
+    # and the index's life, one round trip); the release at the fate (one
+    # script): two writes of the task, none per poll.
+    assert on_index == ["HSCAN", "HSET", "EXPIRE"], of_tasks
+    assert [name for name, _ in on_record] == ["SET", "EVALSHA"], of_tasks
+    assert on_record[0][1] == on_record[1][1], of_tasks
+    assert gets[0].request.jsonrpc["params"]["taskId"] not in on_record[0][1]  # its keyed hash
+    ledger = ("mcpres:v1:w:", "mcpres:v1:f:")  # the lease; requests slow to answer
+    plugin = [c for c in commands if c[1].startswith("mcpres:") and c not in of_tasks]
+    assert all(key.startswith(ledger) for _, key in plugin), plugin
     assert task_keys(redis_server) == ([], 0)

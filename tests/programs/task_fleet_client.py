@@ -11,6 +11,10 @@ settled).  Prints ``{"task_id", "fates"}``: the fates this process counted.
 ``tasks/get`` with it until a terminal status.  Prints ``{"status",
 "fates"}``.
 
+``hold URL TOOL``: call ``TOOL`` as a task, print ``{"task_id"}`` at once,
+then follow it (poll ``tasks/get``) until a terminal status: the test kills
+this process (SIGKILL) while the task is working.
+
 ``see URL SECONDS``: connect to the same server, then wait until this
 process counted a task's fate, or SECONDS pass.  Prints ``{"fates"}``.
 """
@@ -59,6 +63,18 @@ async def follow(url: str, task_id: str) -> str:
             await asyncio.sleep(0.2)
 
 
+async def hold(url: str, tool: str) -> None:
+    async with Client(url) as client:
+        task = await call_tool_task(client, tool, {"n": 1})
+        sys.stdout.write(json.dumps({"task_id": task.task_id}) + "\n")
+        sys.stdout.flush()
+        deadline = time.monotonic() + FOLLOW_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if (await _send_get(client.session, task.task_id)).status in TERMINAL:
+                return
+            await asyncio.sleep(0.2)
+
+
 async def see(url: str, seconds: float, telemetry: Telemetry) -> None:
     async with Client(url) as client:
         await client.list_tools()
@@ -74,6 +90,8 @@ def main() -> None:
     with telemetry.instrumented():
         if mode == "handle":
             found["task_id"] = asyncio.run(handle(url, sys.argv[3]))
+        elif mode == "hold":
+            asyncio.run(hold(url, sys.argv[3]))
         elif mode == "follow":
             found["status"] = asyncio.run(follow(url, sys.argv[3]))
         else:

@@ -286,12 +286,13 @@ class RedisStore(RedisLink, InFlightLedger, TaskHandover):
             times.append(self._task_sweep_at)
         if self._held:
             times.append(min(when for when, _ in self._held.values()))
-        if self._mine:
+        if self._mine or self._held_tasks:
             times.append(self._leased_at + self._lease / 3)
         return max(0.0, min(times) - now) if times else None
 
     def _write(self, batch: list[SharedRecord | tuple]) -> None:
         now = time.monotonic()
+        batch = self._held_again(batch)
         sweeps = [op[1] for op in batch if isinstance(op, tuple) and op[0] == "sweep"]
         for server, when in list(self._sweeps.items()):
             if when <= now:
@@ -307,12 +308,14 @@ class RedisStore(RedisLink, InFlightLedger, TaskHandover):
         takes = [op for op in batch if isinstance(op, tuple) and op[0] == "take"]
         handed = [op[2] for op in batch if isinstance(op, tuple) and op[0] == "tasks"]
         if not self._allowed("write"):
+            self._held_unwritten(batch)
             self._tasks_failed(takes, handed)
             if tasks_sweep:
                 self._task_sweep_at = now + self._breaker.cooldown
             return  # dropped: this process's memory still holds them
         try:
             pipe = self._client.pipeline(transaction=False)
+            self._lease_tasks(pipe, batch)
             for item in batch:
                 if isinstance(item, SharedRecord):
                     cursors = item.raw_cursors or item.cursors()
@@ -333,6 +336,8 @@ class RedisStore(RedisLink, InFlightLedger, TaskHandover):
                     item[1](pipe)  # the proxy's own writes (``submit``)
                 elif item[0] == "tasks":
                     self._hand_over_ops(pipe, item)
+                elif item[0] in ("hold", "release"):
+                    self._held_ops(pipe, item)
                 elif item[0] not in ("sweep", "take", "tasks_sweep"):
                     self._ledger_ops(pipe, item)
             self._write_held(pipe)
@@ -347,6 +352,7 @@ class RedisStore(RedisLink, InFlightLedger, TaskHandover):
             if tasks_sweep:
                 self._sweep_tasks()
         except Exception as error:  # any fault of the store: memory goes on
+            self._held_unwritten(batch)
             self._tasks_failed(takes, handed)
             if tasks_sweep:
                 self._task_sweep_at = now + self._breaker.cooldown
@@ -375,6 +381,7 @@ class RedisStore(RedisLink, InFlightLedger, TaskHandover):
     def _forked(self) -> None:
         self._held.clear()
         self._mine.clear()
+        self._held_tasks.clear()
         self._task_sweep_at = None
 
     def _closing(self) -> None:

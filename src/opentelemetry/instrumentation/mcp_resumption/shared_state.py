@@ -334,6 +334,10 @@ class Store(Protocol):
 
     def sweep_tasks(self) -> None: ...
 
+    def hold_task(self, server: str, task_id: str, facts: Any) -> None: ...
+
+    def release_task(self, server: str, task_id: str) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -382,6 +386,12 @@ class MemoryStore:
         taken(None)
 
     def sweep_tasks(self) -> None:
+        return None
+
+    def hold_task(self, server: str, task_id: str, facts: Any) -> None:
+        return None
+
+    def release_task(self, server: str, task_id: str) -> None:
         return None
 
     def close(self) -> None:

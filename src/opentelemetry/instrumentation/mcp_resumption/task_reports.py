@@ -22,7 +22,11 @@ fate, with the facts the first process saw; one that finds it due, nobody
 having followed it, counts it ``abandoned`` (``redis_tasks``: once for the
 fleet).  Each take is queued for the store's writer thread: no Redis call
 here, and a follower's answers that come before its take are held (bounded)
-and read once it is known whose task it is.
+and read once it is known whose task it is.  So that a process killed
+while it follows tasks (no exit runs) leaves them to the fleet too, each
+task is *held* in the fleet under the process's lease when its handle comes
+(or it is adopted) and released at its fate: two queued writes per task,
+none per poll or event.
 """
 
 from __future__ import annotations
@@ -62,6 +66,9 @@ MAX_ANSWER_BYTES = 16 * 1024 * 1024
 # again), and the answers held per task until its take is known.
 MAX_ADOPTING = 1024
 MAX_PARKED = 16
+# Tasks held in the fleet past the ledger's bound before those it dropped
+# (no fate: nobody will release them) are released.
+HELD_SLACK = 64
 
 
 def follows_tasks(body: bytes) -> bool:
@@ -87,6 +94,9 @@ class TaskReports:
         self._adopting: dict[tuple[str, str], list] = {}
         self._asked: dict[tuple[str, str], None] = {}
         self._fleet_swept = False
+        # The tasks held in the fleet (their records under this process's
+        # lease), to release at their fate.
+        self._fleet_held: dict[tuple[str, str], None] = {}
         renew_after_fork(self)
 
     def _after_fork(self) -> None:
@@ -193,6 +203,7 @@ class TaskReports:
                     ended += self.task_ledger.gone(request, wall)
                 else:
                     ended += self.task_ledger.answered(request, message, wall)
+            self._hold_opened()
         self._tasks_ended(ended)
 
     def task_abandoned_elsewhere(self, task_hash: str, facts: HandedTask) -> None:
@@ -257,6 +268,7 @@ class TaskReports:
                 request = facts.tasks.pop(request_key(message.get("id")) or "", None)
                 if request is not None and not self._held_for_adoption(request, message):
                     ended += self.task_ledger.answered(request, message)
+            self._hold_opened()
         self._tasks_ended(ended)
 
     def session_gone(self, facts: RequestFacts) -> None:
@@ -328,10 +340,21 @@ class TaskReports:
                 ended, handed = self.task_ledger.hand_over()
             else:
                 ended = self.task_ledger.stop_waiting()
+            self._release_locked(ended)
+            # Those handed over are the fleet's now (or counted here if that
+            # fails); those the ledger dropped, with no fate, nobody's.
+            handed_over = {(server, task) for server, task, *_ in handed}
+            for task in [task for task in self._fleet_held if task not in handed_over]:
+                store.release_task(*task)
+            self._fleet_held.clear()
         if handed:
             outcome = store.hand_over([(server, task, facts) for server, task, facts, _ in handed])
             if outcome is None or not outcome.written(HAND_OVER_WAIT):
                 ended += [abandoned for *_, abandoned in handed]
+                # Counted here: their held records out too, if Redis answers
+                # before the store closes (else the fleet counts them again).
+                for server, task, *_ in handed:
+                    store.release_task(server, task)
         self._tasks_ended(ended)
 
     def task_given_up(self, server: str, task_id: str) -> None:
@@ -342,9 +365,47 @@ class TaskReports:
         if ended is not None:
             self._tasks_ended([ended])
 
+    # ------------------------------------------------------------ the fleet's records
+
+    def _hold_opened(self) -> None:
+        """The tasks just opened, held in the fleet (under the lock: a task's
+        hold is queued before its release, whichever thread ends it)."""
+        opened = self.task_ledger.take_opened()
+        if not opened:
+            return
+        store = self.tracker.store
+        if not store.shared:
+            return
+        held = self._fleet_held
+        for server, task_id, facts in opened:
+            held[(server, task_id)] = None
+            store.hold_task(server, task_id, facts)
+        if len(held) > self.task_ledger.max_tasks + HELD_SLACK:
+            follows = self.task_ledger.follows
+            for task in [task for task in held if not follows(*task)]:
+                del held[task]
+                store.release_task(*task)
+
+    def _release_ended(self, ended: list[Ended]) -> None:
+        """Tasks whose fate was counted here: out of the fleet."""
+        if not self._fleet_held:
+            return
+        with self._tasks_lock:
+            self._release_locked(ended)
+
+    def _release_locked(self, ended: list[Ended]) -> None:
+        store = self.tracker.store
+        for each in ended:
+            task = (each.server, each.task_id or "")
+            if task in self._fleet_held:
+                del self._fleet_held[task]
+                store.release_task(*task)
+
     # ------------------------------------------------------------ fates out
 
     def _tasks_ended(self, ended: list[Ended]) -> None:
+        if ended:
+            self._release_ended(ended)
         for each in ended:
             transport, host, port = each.tag
             self.telemetry.task_ended(each, transport, host, port)

@@ -198,6 +198,10 @@ class TaskLedger:
         self._open: OrderedDict[tuple[str, str], _Task] = OrderedDict()
         self._servers: dict[str, _Server] = {}
         self.dropped = 0
+        # The tasks opened (a handle, an adoption) since the owner last took
+        # them (``take_opened``): with shared state their records are held
+        # in the fleet.  Bounded as the table is.
+        self._opened: list[_Task] = []
 
     def __len__(self) -> int:
         return len(self._open)
@@ -338,21 +342,38 @@ class TaskLedger:
             if task.result_due:
                 ended.append(self._end(task, Fate.COMPLETED))
                 continue
-            received = now - max(0.0, time.monotonic() - task.received)
-            facts = HandedTask(
-                tool=task.tool,
-                form=task.form,
-                alive_wall=task.alive_wall,
-                ttl_s=task.ttl_s,
-                received_wall=received,
-                polls=task.polls,
-                cancel_acked=task.cancel_acked,
-                status=task.status,
-                tag=task.tag,
-                handed_at=now,
-            )
+            facts = self._facts(task, now)
             handed.append((task.server, task.task_id, facts, self._end(task, Fate.ABANDONED)))
         return ended, handed
+
+    def take_opened(self) -> list[tuple[str, str, HandedTask]]:
+        """The tasks opened since the last call and still open (server, id,
+        what the fleet needs to count them if this process dies)."""
+        if not self._opened:
+            return []
+        opened, self._opened = self._opened, []
+        now = time.time()
+        return [
+            (task.server, task.task_id, self._facts(task, now))
+            for task in opened
+            if self._open.get((task.server, task.task_id)) is task
+        ]
+
+    @staticmethod
+    def _facts(task: _Task, now: float) -> HandedTask:
+        received = now - max(0.0, time.monotonic() - task.received)
+        return HandedTask(
+            tool=task.tool,
+            form=task.form,
+            alive_wall=task.alive_wall,
+            ttl_s=task.ttl_s,
+            received_wall=received,
+            polls=task.polls,
+            cancel_acked=task.cancel_acked,
+            status=task.status,
+            tag=task.tag,
+            handed_at=now,
+        )
 
     def follows(self, server: str, task_id: str) -> bool:
         """Whether the task is open here."""
@@ -382,6 +403,7 @@ class TaskLedger:
             status=facts.status,
         )
         self._open[(server, task_id)] = task
+        self._note_opened(task)
         while len(self._open) > self.max_tasks:
             self._open.popitem(last=False)
             self.dropped += 1
@@ -395,6 +417,10 @@ class TaskLedger:
         return self._end(task, Fate.COMPLETED if task.result_due else Fate.ABANDONED)
 
     # ------------------------------------------------------------ internals
+
+    def _note_opened(self, task: _Task) -> None:
+        if len(self._opened) < self.max_tasks:
+            self._opened.append(task)
 
     def _server(self, server: str) -> _Server:
         found = self._servers.get(server)
@@ -445,6 +471,7 @@ class TaskLedger:
         key = (request.server, task_id)
         self._open[key] = task
         self._open.move_to_end(key)
+        self._note_opened(task)
         while len(self._open) > self.max_tasks:
             self._open.popitem(last=False)
             self.dropped += 1
