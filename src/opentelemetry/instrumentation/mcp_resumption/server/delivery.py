@@ -186,7 +186,7 @@ class Deliveries:
             speak = self._budget.take(("second_run", name))
         if not speak:
             return
-        if first.ended_at is not None and first.ended_at <= second.started_at:
+        if first.finished_at is not None and first.finished_at <= second.started_at:
             when = "after its first run had answered nobody"
         else:
             when = "while its first run was still working for a client gone"

@@ -36,7 +36,7 @@ class Run:
     """One ``tools/call`` run, from its start to its end."""
 
     __slots__ = (
-        "_digest", "_probe", "broken_at", "closed", "ended_at", "first", "for_nobody", "kept",
+        "_digest", "_probe", "broken_at", "closed_at", "finished_at", "first", "for_nobody", "kept",
         "params", "second", "source", "started_at", "state", "tool", "version",
     )
 
@@ -51,9 +51,9 @@ class Run:
         self.state = RUNNING
         self.started_at = time.monotonic()
         self.broken_at: float | None = None
-        self.ended_at: float | None = None
+        self.finished_at: float | None = None  # its work ended
+        self.closed_at: float | None = None  # its answer went (or reached nobody)
         self.for_nobody = False  # its answer reached nobody
-        self.closed = False  # its answer went (or reached nobody)
         self.kept = True
         self.first: Run | None = None  # the run this one runs again
         self.second: Run | None = None  # the run that runs this one again
@@ -127,8 +127,8 @@ class Runs:
         if first.state == VOID:
             return False
         broken = first.gone()
-        if first.state == DONE:
-            ended = first.ended_at if first.ended_at is not None else now
+        if first.state == DONE:  # answering, or answered nobody
+            ended = first.closed_at if first.closed_at is not None else now
             return (first.for_nobody or broken is not None) and now <= ended + self.window
         return broken is not None and now <= broken + self.window
 
@@ -137,7 +137,7 @@ class Runs:
         completes, (first, second), each once."""
         if run.state != RUNNING:
             return []
-        run.ended_at = time.monotonic()
+        run.finished_at = time.monotonic()
         if not completed:
             run.state = VOID
             if run.first is not None:
@@ -157,22 +157,21 @@ class Runs:
     def closed(self, run: Run, server: Any) -> None:
         """A run's answer went (or reached nobody: ``run.for_nobody``): a run
         for nobody, not yet run again, is kept for the window; the rest go."""
-        run.closed = True
-        run.ended_at = time.monotonic()  # the window runs from its answer's end
-        if self._waits(run, run.ended_at):
+        now = run.closed_at = time.monotonic()  # the window runs from its answer's end
+        if self._waits(run, now):
             run.digest()
         else:
             self._drop(run, server)
         others = self._kept.get((run.tool, server))
         for other in list(others or ()):
-            if other.closed and not self._waits(other, run.ended_at):
+            if other.closed_at is not None and not self._waits(other, now):
                 self._drop(other, server)
 
     def _waits(self, run: Run, now: float) -> bool:
         """Whether a closed run may still be run again."""
         return (
             run.state == DONE and run.for_nobody and run.second is None
-            and run.ended_at is not None and now <= run.ended_at + self.window
+            and run.closed_at is not None and now <= run.closed_at + self.window
         )
 
     def _drop(self, run: Run, server: Any) -> None:
