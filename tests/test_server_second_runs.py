@@ -407,6 +407,10 @@ def test_a_sync_tools_warning_says_when_its_stream_closed(telemetry, caplog):
                 await until(lambda: truth.saw("started", 1))
                 truth.gate(1).set()
                 assert await second == "done x"
+                # The tool's own work outlasts its stream by a second (what
+                # is measured, not a synchronisation).
+                cut = truth.at[("disconnect", 0)]
+                await until(lambda: time.monotonic() >= cut + 1.0)
                 truth.gate(0).set()
                 await until(lambda: telemetry.counts(WASTED, "gen_ai.tool.name"))
                 seen = time.monotonic()
@@ -425,7 +429,7 @@ def test_a_sync_tools_warning_says_when_its_stream_closed(telemetry, caplog):
     at_least = truth.at[("finished", 0)] - truth.at[("disconnect", 0)]
     at_most = seen - truth.at[("disconnect", 0)]
     assert at_least - 0.05 <= said <= at_most + 0.05, (said, at_least, at_most)
-    assert at_least > 0.05  # the gap was real: the re-issue ran inside it
+    assert at_least >= 1.0 and said >= 1.0, (said, at_least)
 
 
 @pytest.mark.mcp2
