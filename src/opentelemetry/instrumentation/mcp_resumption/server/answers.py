@@ -468,11 +468,10 @@ class _Pending:
         for server in self.stored.values():
             self.tallies.fate(sc.UNDELIVERED, server)
         self.stored.clear()
-        for call in self.calls.values():
+        for call in list(self.calls.values()):
             if call[4] is not None:
                 self.tallies.finished(call[4], False, call[3])
                 self.tallies.closed(call[4], call[3])
-        self.calls.clear()
 
 
 class _Watched(ObjectProxy):  # type: ignore[misc]
