@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 from collections import OrderedDict
 from typing import Any
 
 from wrapt import ObjectProxy
 
 from .. import semconv as sc
-from ..patches import guarded
+from ..patches import fault, guarded
 from . import active
 from .delivery import Deliveries, deliveries
 from .observer import header
@@ -67,8 +68,8 @@ class _Exchange:
     """One 2026-07-28 request, as its handler and its connection saw it."""
 
     __slots__ = (
-        "_receive", "_send", "cancelled", "disconnected", "failed", "json", "method",
-        "params", "ran", "scope", "version", "written",
+        "_receive", "_send", "answered_at", "cancelled", "disconnected", "disconnected_at",
+        "failed", "json", "method", "params", "ran", "run", "scope", "version", "written",
     )
 
     def __init__(self, scope: Any, receive: Any, send: Any, json_response: bool) -> None:
@@ -78,13 +79,24 @@ class _Exchange:
         self.version: str | None = None
         self.ran = self.failed = self.cancelled = False
         self.disconnected = False  # the client's connection is known gone
+        self.disconnected_at: float | None = None  # since when (monotonic)
+        self.answered_at: float | None = None  # its handler returned
         self.written = False  # the answer's last byte was handed to the server
+        self.run: Any = None  # a tools/call's run (reruns.py)
 
     async def receive(self) -> Any:
         message = await self._receive()
         if message.get("type") == "http.disconnect":
-            self.disconnected = True
+            self._gone()
         return message
+
+    def _gone(self) -> None:
+        self.disconnected = True
+        if self.disconnected_at is None:
+            self.disconnected_at = time.monotonic()
+
+    def gone_at(self) -> float | None:
+        return self.disconnected_at
 
     async def send(self, message: Any) -> None:
         kind = message.get("type")
@@ -99,12 +111,13 @@ class _Exchange:
     async def _probe(self) -> None:
         """Whether the client is gone, without waiting (Starlette's
         ``Request.is_disconnected``): the body was read, so the only message
-        left to receive is the disconnect."""
+        left to receive is the disconnect.  Also asked from a re-issue's
+        task: nothing else receives on a JSON exchange."""
         message: Any = {}
         with _cancelled_scope():
             message = await self._receive()
         if isinstance(message, dict) and message.get("type") == "http.disconnect":
-            self.disconnected = True
+            self._gone()
 
 
 @contextlib.contextmanager
@@ -157,6 +170,11 @@ async def _observed_exchange(observer: Any, exchange: _Exchange, wrapped: Any) -
     finally:
         _exchange.reset(token)
         guarded("judging an answer's delivery", _judge, observer, exchange)
+        if exchange.run is not None:
+            guarded(
+                "ending a run", deliveries(observer).closed, exchange.run,
+                _server(exchange.scope, sc.TRANSPORT_STREAMABLE_HTTP),
+            )
 
 
 def _judge(observer: Any, exchange: _Exchange) -> None:
@@ -182,16 +200,29 @@ def _judge(observer: Any, exchange: _Exchange) -> None:
     if exchange.method == TOOLS_CALL and not exchange.failed:
         reason = (
             "JSON answers are not watched: nothing cancelled it" if exchange.json
-            else "the stream closed as it answered"
+            else _closed_before(exchange)
         )
-        tallies.work_for_nobody(exchange.params, exchange.version, reason, server)
+        tallies.work_for_nobody(
+            exchange.params, exchange.version, reason, server, exchange.run
+        )
+
+
+def _closed_before(exchange: _Exchange) -> str:
+    """When the stream closed, against the handler's answer: a sync tool's
+    thread is not cancelled, and runs on long after its stream went."""
+    gone, answered = exchange.disconnected_at, exchange.answered_at
+    if gone is None or answered is None or answered < gone:
+        return "the stream closed as it answered"
+    return f"the stream closed {answered - gone:.1f} s before it answered"
 
 
 def _begin(tallies: Deliveries, exchange: _Exchange, method: Any, params: Any) -> None:
     server = _server(exchange.scope, sc.TRANSPORT_STREAMABLE_HTTP)
     tallies.seen(server)
     if method == TOOLS_CALL:
-        tallies.called(params, server, exchange.version)
+        exchange.run = tallies.called(
+            params, server, exchange.version, exchange.gone_at, exchange
+        )
     elif method == LISTEN:
         notifications = params.get("notifications") if isinstance(params, dict) else None
         tallies.listen_started(notifications, sc.TRANSPORT_STREAMABLE_HTTP)
@@ -243,19 +274,50 @@ async def _run(exchange: _Exchange, runner: Any, wrapped: Any, args: Any, kwargs
     observer = active.observer
     tallies = deliveries(observer) if observer is not None and observer.enabled else None
     if tallies is not None:
+        if method == TOOLS_CALL:
+            await _probe_kept(tallies, exchange, params)
         guarded("watching a request", _begin, tallies, exchange, method, params)
     try:
         result = await wrapped(*args, **kwargs)
     except anyio.get_cancelled_exc_class():
         exchange.cancelled = True
+        _finished(tallies, exchange, False)
         raise
     except Exception:
         exchange.ran = exchange.failed = True
+        _finished(tallies, exchange, False)
         raise
     exchange.ran = True
+    exchange.answered_at = time.monotonic()
+    _finished(tallies, exchange, True)
     if tallies is not None and method == TOOLS_LIST:
         guarded("reading tool hints", _listed, tallies, exchange, result)
     return result
+
+
+def _finished(tallies: Deliveries | None, exchange: _Exchange, completed: bool) -> None:
+    if tallies is not None and exchange.run is not None:
+        guarded(
+            "ending a run", tallies.finished, exchange.run, completed,
+            _server(exchange.scope, sc.TRANSPORT_STREAMABLE_HTTP),
+        )
+
+
+async def _probe_kept(tallies: Deliveries, exchange: _Exchange, params: Any) -> None:
+    """A tools/call arrives: the JSON exchanges of the same tool still kept
+    are asked whether their client is gone (nothing else watches them), so
+    that a re-issue arriving while its first run works is known as one."""
+    try:
+        tool = params.get("name") if isinstance(params, dict) else None
+        server = _server(exchange.scope, sc.TRANSPORT_STREAMABLE_HTTP)
+        for run in tallies.kept(tool, server):
+            other = run.source
+            if isinstance(other, _Exchange) and other.json and not other.disconnected and (
+                not other.written
+            ):
+                await other._probe()
+    except Exception:
+        fault("probing the streams of a re-issued call")
 
 
 # ---------------------------------------------------------------- before 2026-07-28
@@ -286,8 +348,8 @@ class _Pending:
         self.observer = observer
         self.tallies = deliveries(observer)
         self.transport = transport
-        # request id -> (method, params, version, server)
-        self.calls: OrderedDict[str, tuple[str, Any, str | None, Any]] = OrderedDict()
+        # request id -> (method, params, version, server, a tools/call's run)
+        self.calls: OrderedDict[str, tuple[str, Any, str | None, Any, Any]] = OrderedDict()
         self.stored: dict[str, Any] = {}  # request id -> server
         self.version: Any = None
 
@@ -308,6 +370,7 @@ class _Pending:
             self.version = params.get("protocolVersion")
         server = _server(scope, self.name)
         version = None
+        run = None
         # A tool's run for nobody names its version, and so does the listing
         # that starts its series at 0.
         if method in (TOOLS_CALL, TOOLS_LIST):
@@ -315,11 +378,23 @@ class _Pending:
                 version = header(scope, b"mcp-protocol-version")
             version = version or self.version
         if method == TOOLS_CALL:
-            self.tallies.called(params, server, version)
-        self.calls[str(request_id)] = (method, params, version, server)
+            run = self.tallies.called(params, server, version, self._probe(str(request_id)))
+        self.calls[str(request_id)] = (method, params, version, server, run)
         if len(self.calls) > MAX_PENDING:
             self.calls.popitem(last=False)
         self.tallies.seen(server)
+
+    def _probe(self, request_id: str) -> Any:
+        """When the request's stream was known gone: the SDK drops it as soon
+        as the client's connection closes (known when asked, so no later)."""
+        streams = getattr(self.transport, "_request_streams", None)
+        if streams is None:
+            return None
+
+        def gone() -> float | None:
+            return None if request_id in streams else time.monotonic()
+
+        return gone
 
     def answer(self, item: Any) -> None:
         """An answer handed to the transport: where its request's stream is."""
@@ -329,6 +404,7 @@ class _Pending:
         call, error, request_id = found
         if str(request_id) in getattr(self.transport, "_request_streams", {}):
             self.tallies.fate(sc.DELIVERED, call[3])
+            self._ran(call, error)
         else:
             self.lost(call, error, request_id)
 
@@ -353,6 +429,8 @@ class _Pending:
             )
         ):
             self.tallies.fate(sc.DELIVERY_CANCELLED, call[3])
+            self.tallies.finished(call[4], False, call[3])
+            self.tallies.closed(call[4], call[3])
             return None
         if call[0] == TOOLS_LIST and error is None:
             self.tallies.tools_listed(message.get("result"), call[3], call[2])
@@ -360,16 +438,24 @@ class _Pending:
 
     def lost(self, call: Any, error: Any, request_id: Any) -> None:
         """An answer whose stream was gone: stored for a resume, or lost."""
-        method, params, version, server = call
+        method, params, version, server, run = call
         if getattr(self.transport, "_event_store", None):
             self.tallies.fate(sc.STORED, server)
             self.stored[str(request_id)] = server
         else:
             self.tallies.fate(sc.UNDELIVERED, server)
+        self.tallies.finished(run, error is None, server)
         if method == TOOLS_CALL and error is None:
             self.tallies.work_for_nobody(
-                params, version, "a disconnect is not a cancellation before 2026-07-28", server
+                params, version, "a disconnect is not a cancellation before 2026-07-28", server,
+                run,
             )
+        self.tallies.closed(run, server)
+
+    def _ran(self, call: Any, error: Any) -> None:
+        """A tools/call's run ended with its answer (an error: no work done)."""
+        self.tallies.finished(call[4], error is None, call[3])
+        self.tallies.closed(call[4], call[3])
 
     def replayed(self, event: Any) -> None:
         """An event a resume of this session sent: an answer stored for it
@@ -386,10 +472,14 @@ class _Pending:
 
     def ended(self) -> None:
         """The session ended: its stored answers that no resume replayed
-        reached nobody."""
+        reached nobody; its runs that never answered were cancelled with it."""
         for server in self.stored.values():
             self.tallies.fate(sc.UNDELIVERED, server)
         self.stored.clear()
+        for call in list(self.calls.values()):
+            if call[4] is not None:
+                self.tallies.finished(call[4], False, call[3])
+                self.tallies.closed(call[4], call[3])
 
 
 class _Watched(ObjectProxy):  # type: ignore[misc]
@@ -466,6 +556,7 @@ class _SsePending(_Pending):
         call, error, request_id = found
         if delivered:
             self.tallies.fate(sc.DELIVERED, call[3])
+            self._ran(call, error)
         else:
             self.lost(call, error, request_id)
 

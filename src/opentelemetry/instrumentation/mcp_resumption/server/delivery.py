@@ -20,19 +20,17 @@ client half's ``mcp.client.stream.events`` does.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from .. import semconv as sc
 from ..budget import LogBudget
+from .reruns import Run, Runs
 
 _logger = logging.getLogger("opentelemetry.instrumentation.mcp_resumption.server")
 
@@ -41,7 +39,6 @@ _logger = logging.getLogger("opentelemetry.instrumentation.mcp_resumption.server
 MAX_TOOLS = 256
 OTHER_TOOL = "_OTHER"
 MAX_SERVERS = 1024
-MAX_WATCHED = 4096  # calls done for nobody awaiting a second run
 # The listen filters a client may ask for (SubscriptionFilter's fields): the
 # attribute is the sorted set of those asked, so it stays bounded.
 LISTEN_FILTERS = {
@@ -70,8 +67,9 @@ class Deliveries:
         self._hints: OrderedDict[str, str] = OrderedDict()
         self._names: set[str] = set()
         self._started: set[tuple[str, Server]] = set()  # (tool, server) series at 0
-        # (tool, arguments digest) of a run for nobody -> (deadline, version).
-        self._watched: OrderedDict[tuple[str, str, Server], tuple[float, str]] = OrderedDict()
+        # Each tools/call run, from its start to its end (and a run for
+        # nobody for the window after it): the runs a re-issue repeats.
+        self._runs = Runs(confirm_timeout)
         self._budget = LogBudget()
         name, unit, description = sc.SERVER_DELIVERIES
         meter.create_observable_counter(name, [self._observe_fates], unit, description)
@@ -152,25 +150,66 @@ class Deliveries:
             if isinstance(name, str) and (name, server) not in self._started:
                 self._start(name, server, version or "unknown")
 
-    def called(self, params: Any, server: Server, version: str | None) -> None:
-        """A tools/call arrived: a proven second run if the same tool with
-        the same arguments ran for nobody within the window.  The first call
-        of a tool starts its series at 0."""
-        name = params.get("name") if isinstance(params, Mapping) else None
-        if isinstance(name, str) and (name, server) not in self._started:
+    def called(
+        self, params: Any, server: Server, version: str | None,
+        probe: Callable[[], float | None] | None = None, source: Any = None,
+    ) -> Run | None:
+        """A tools/call arrived: its run, paired with the run it repeats
+        (reruns.py).  ``probe`` tells when its stream was known gone.  The
+        first call of a tool starts its series at 0."""
+        name = _tool(params)
+        if name is None:
+            return None
+        if (name, server) not in self._started:
             self._start(name, server, version or "unknown")
-        if not self._watched:  # the usual case: no digest
-            return
-        tool, digest = _call_key(params)
-        if tool is None:
-            return
-        now = time.monotonic()
         with self._lock:
-            watched = self._watched.pop((tool, digest, server), None)
-            if watched is None or watched[0] < now:
-                return
-            key = (self._bounded(tool), watched[1], server)
-            self._second[key] = self._second.get(key, 0) + 1
+            return self._runs.start(name, params, server, version or "unknown", probe, source)
+
+    def kept(self, tool: Any, server: Server) -> list[Run]:
+        """The runs of ``tool`` in flight (answers.py probes their streams)."""
+        if not isinstance(tool, str):
+            return []
+        with self._lock:
+            return self._runs.kept(tool, server)
+
+    def finished(self, run: Run | None, completed: bool, server: Server) -> None:
+        """A run's work completed (or not): a pair it completes is a second run."""
+        if run is None:
+            return
+        with self._lock:
+            pairs = self._runs.finished(run, completed)
+            for first, _ in pairs:
+                key = (self._bounded(first.tool), first.version, server)
+                self._second[key] = self._second.get(key, 0) + 1
+        for first, second in pairs:
+            self._ran_twice(first, second)
+
+    def closed(self, run: Run | None, server: Server) -> None:
+        """A run's answer went, or reached nobody (``work_for_nobody`` first)."""
+        if run is not None:
+            with self._lock:
+                self._runs.closed(run, server)
+
+    def _ran_twice(self, first: Run, second: Run) -> None:
+        with self._lock:
+            name = self._bounded(first.tool)
+            hint = self._hints.get(first.tool, sc.HINT_NONE)
+            speak = self._budget.take(("second_run", name))
+        if not speak:
+            return
+        if first.finished_at is not None and first.finished_at <= second.started_at:
+            when = "after its first run had answered nobody"
+        else:
+            when = "while its first run was still working for a client gone"
+        declared = {
+            sc.HINT_READ_ONLY: "it declares readOnlyHint",
+            sc.HINT_IDEMPOTENT: "it declares idempotentHint",
+        }.get(hint, "it declares neither idempotentHint nor readOnlyHint")
+        _logger.warning(
+            "tool %r ran twice: its call, re-issued with the same arguments %s, ran "
+            "again, and both runs completed (protocol %s); %s",
+            name, when, first.version, declared,
+        )
 
     def _start(self, tool: str, server: Server, version: str) -> None:
         with self._lock:
@@ -183,10 +222,12 @@ class Deliveries:
             self._second.setdefault((name, version, server), 0)
 
     def work_for_nobody(
-        self, params: Any, version: str | None, reason: str, server: Server
+        self, params: Any, version: str | None, reason: str, server: Server,
+        run: Run | None = None,
     ) -> None:
-        """A tools/call ran to completion after its client's stream was gone."""
-        tool, digest = _call_key(params)
+        """A tools/call ran to completion after its client's stream was gone;
+        its run (if known) may be run again within the window."""
+        tool = _tool(params)
         if tool is None:
             return
         version = version or "unknown"
@@ -195,9 +236,8 @@ class Deliveries:
             name = self._bounded(tool)
             key = (name, version, hint, server)
             self._wasted[key] = self._wasted.get(key, 0) + 1
-            self._watched[(tool, digest, server)] = (time.monotonic() + self.window, version)
-            if len(self._watched) > MAX_WATCHED:
-                self._watched.popitem(last=False)
+            if run is not None:
+                run.for_nobody = True
             speak = self._budget.take(("work_for_nobody", name))
         if not speak:
             return
@@ -271,15 +311,9 @@ def _server_attributes(server: Server) -> dict[str, Any]:
     return attributes
 
 
-def _call_key(params: Any) -> tuple[str | None, str]:
-    if not isinstance(params, Mapping) or not isinstance(params.get("name"), str):
-        return None, ""
-    arguments = params.get("arguments")
-    try:
-        text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
-    except (TypeError, ValueError):
-        text = repr(arguments)
-    return params["name"], hashlib.sha256(text.encode()).hexdigest()
+def _tool(params: Any) -> str | None:
+    name = params.get("name") if isinstance(params, Mapping) else None
+    return name if isinstance(name, str) else None
 
 
 def _listen_filter(notifications: Any) -> str:
