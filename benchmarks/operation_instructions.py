@@ -334,7 +334,8 @@ def tools_rows(envs: list[Path], answers: list[str], quick: bool, ns: tuple[int,
             else:
                 value = count_instructions(valgrind, command)
             done[0] += 1
-            print(f"[{time.time() - started:5.0f} s] {done[0]}/{len(jobs_to_run)} {key}",
+            # Each count as it comes: a run stopped half-way keeps what it counted.
+            print(f"[{time.time() - started:5.0f} s] {done[0]}/{len(jobs_to_run)} {key}: {value}",
                   file=sys.stderr, flush=True)
             return value
 
