@@ -33,7 +33,7 @@ server with an event store, each call answered on its own unbroken stream
 (``tools_call_costs.py``).  Wall and CPU µs per call, timed natively after
 the counting, stand beside (the machine's load is printed).
 
-    python3 benchmarks/operation_instructions.py             # ~25 min on 2 loaded cores
+    python3 benchmarks/operation_instructions.py             # mcp 1.x alone: 36 min at load 6-17
     python3 benchmarks/operation_instructions.py --quick     # seconds: natively, CPU µs
     python3 benchmarks/operation_instructions.py --only tools --only calls
 """
