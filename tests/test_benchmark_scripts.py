@@ -76,3 +76,35 @@ def test_tracker_instruction_stages_each_run():
             capture_output=True, text=True, timeout=120, check=False,
         )
         assert result.returncode == 0, (stage, result.stderr[-4000:])
+
+
+@pytest.mark.mcp1
+def test_tools_call_costs_run_every_row_quickly():
+    """Issue 44's per-``tools/call`` rows (``operation_instructions.py``) in
+    their quick mode (natively, no valgrind): every configuration runs
+    through the real SDK client against a real server, and the plugin's
+    function calls are counted.  A peer that is not installed (a clean
+    clone without ``.venv-bench-mcp1``) is reported as not run, never left
+    out; the bare and plugin rows run either way."""
+    bench_env = ROOT / ".venv-bench-mcp1" / "bin" / "python"
+    python = bench_env if bench_env.exists() else Path(sys.executable)
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "operation_instructions.py"), "--quick",
+         "--envs", str(python), "--only", "tools", "--only", "calls"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = result.stdout
+    [version] = re.findall(r"^\| tools/call mcp (1\.\d+\.\d+), SSE \| bare \|", out, re.M)
+    for answer in ("SSE", "JSON"):
+        row = f"| tools/call mcp {version}, {answer} |"
+        for config in ("bare", "httpx-instr"):
+            assert f"{row} {config} |" in out, out
+        [judged] = [line for line in out.splitlines() if line.startswith(f"{row} plugin |")]
+        assert re.search(r"\| (PASS|MISS) \| [\d,]+ \| [\d,]+ \|$", judged), judged
+    sse = f"| tools/call mcp {version}, SSE |"
+    assert f"{sse} plugin, no operation metric |" in out, out
+    for peer in ("traceloop", "logfire"):
+        [line] = [line for line in out.splitlines() if line.startswith(f"{sse} {peer} |")]
+        assert re.search(r"\| (PASS|MISS|NOT RUN) \|", line), line
+    assert re.search(r"^\| [\d,.]+ \| ≤ 80 \| (PASS|MISS) \|$", out, re.M), out
