@@ -394,11 +394,7 @@ async def json_first_call_cut_by_its_client(stack, client, tool: str, warm: str)
     client that closes its connection once the handler started; the request
     is the SDK client's own call of ``warm``, renamed (so that ``tool`` is
     never called before)."""
-    import asyncio
-
-    import httpx
-
-    from test_server_delivery import GATE, _wait
+    from test_server_delivery import post_x_and_leave_once_started
 
     assert await client.session.call_tool(warm, {"text": "warm"})
     [seen] = [e for e in stack.router.exchanges if b'"warm"' in e.request.body]
@@ -408,18 +404,7 @@ async def json_first_call_cut_by_its_client(stack, client, tool: str, warm: str)
         k: (tool if k.lower() == "mcp-name" else v) for k, v in seen.request.headers
         if k.lower() not in ("host", "content-length", "connection")
     }
-    stack.handlers.hold.add("x")
-    async with httpx.AsyncClient() as raw:
-        call = asyncio.ensure_future(raw.post(
-            f"http://127.0.0.1:{stack.backend.port}/mcp", json=body, headers=headers,
-            timeout=GATE,
-        ))
-        await asyncio.to_thread(_wait, lambda: stack.handlers.saw("started", "x"))
-        call.cancel()  # the client closes its connection
-        with pytest.raises(asyncio.CancelledError):
-            await call
-    await asyncio.to_thread(_wait, lambda: stack.handlers.saw("finished", "x"))
-    stack.handlers.hold.discard("x")
+    await post_x_and_leave_once_started(stack, headers, json=body)
 
 
 @pytest.mark.mcp2

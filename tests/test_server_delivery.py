@@ -335,11 +335,17 @@ async def json_call_cut_by_its_client(stack, client, tool: str) -> None:
         k: v for k, v in warm.request.headers
         if k.lower() not in ("host", "content-length", "connection")
     }
+    await post_x_and_leave_once_started(stack, headers, content=body)
+
+
+async def post_x_and_leave_once_started(stack, headers: dict, **body) -> None:
+    """POST the call of ``x`` (``content=`` or ``json=``) straight to the
+    server, close the connection once its handler started, and wait for the
+    handler to finish for nobody."""
     stack.handlers.hold.add("x")
     async with httpx.AsyncClient() as raw:
         call = asyncio.ensure_future(raw.post(
-            f"http://127.0.0.1:{stack.backend.port}/mcp", content=body, headers=headers,
-            timeout=GATE,
+            f"http://127.0.0.1:{stack.backend.port}/mcp", headers=headers, timeout=GATE, **body,
         ))
         await asyncio.to_thread(_wait, lambda: stack.handlers.saw("started", "x"))
         call.cancel()  # the client closes its connection
