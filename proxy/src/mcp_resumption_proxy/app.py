@@ -338,7 +338,7 @@ class ProxyApp(Passthrough):
                 if method == "POST":
                     relay.pending = enforce.Pending(enforce.request_ids(body))
                 resumable.start(relay, response, self._forwarded(session or session_id),
-                                self._poller(target, upstream_headers))
+                                self._poller(target, upstream_headers, session))
                 response = None
                 await self._follow(receive, send, relay, 0, start_headers, status, watch=watch)
                 return
@@ -348,13 +348,20 @@ class ProxyApp(Passthrough):
             if response is not None:
                 await response.aclose()
 
-    def _poller(self, target: bytes, headers: list[tuple[bytes, bytes]]) -> resumable.Poll:
+    def _poller(
+        self, target: bytes, headers: list[tuple[bytes, bytes]], session: str | None = None
+    ) -> resumable.Poll:
         """How a relay resumes its upstream stream itself, as the client
         would (a GET with the upstream's own last id, the client's
-        credentials and session): for a server that closed it on purpose."""
+        credentials and session): for a server that closed it on purpose.
+        ``session``: the session the answer named, for a request that had
+        none yet (an ``initialize``: a client resumes it in the session it
+        was given)."""
         url = self.upstream_origin + target.decode("latin-1")
         kept = [(k, v) for k, v in headers
                 if k.lower() not in (b"last-event-id", b"accept", b"content-type")]
+        if session and not any(k.lower() == b"mcp-session-id" for k, _ in kept):
+            kept.append((b"mcp-session-id", session.encode("latin-1")))
 
         async def poll(last_id: str) -> httpx.Response | None:
             request = httpx.Request("GET", url, headers=[
