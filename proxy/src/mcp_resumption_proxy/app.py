@@ -181,6 +181,8 @@ class ProxyApp(Passthrough):
         session_id = decoded_text(header_of(headers, b"mcp-session-id"))
         cursor = decoded_text(header_of(headers, b"last-event-id"))
         resume = cursor is not None and method == "GET"
+        if method == "DELETE" and session_id is not None and self.relays is not None:
+            self.relays.session_ended(session_id)
         leg = self.client_leg
         watch = None
         if leg is not None:

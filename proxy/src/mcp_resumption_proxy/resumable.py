@@ -68,9 +68,12 @@ if TYPE_CHECKING:
 class Relay:
     """One upstream SSE stream, numbered and kept for its clients."""
 
-    def __init__(self, key: str, shared: SharedBuffer | None = None) -> None:
+    def __init__(
+        self, key: str, shared: SharedBuffer | None = None, session: str | None = None
+    ) -> None:
         self.key = key
         self.shared = shared
+        self.session = session
         self.frames: deque[tuple[int, bytes]] = deque()
         self.size = 0
         self.last = 0  # the number of the last event added
@@ -175,9 +178,18 @@ class Relays:
     def new(self, session: str | None = None, key: str | None = None) -> Relay:
         key = key or f"p{self._prefix}-{next(self._count)}"
         shared = None if self.shared is None else self.shared.buffer(key, session)
-        relay = Relay(key, shared)
+        relay = Relay(key, shared, session)
         self._add(relay)
         return relay
+
+    def session_ended(self, session: str) -> None:
+        """The client ended ``session`` (its DELETE): its streams' requests
+        end with it, so no relay of it polls the server for their answers
+        (the server would answer 404, and the proxy would count them lost)."""
+        with self._lock:
+            relays = [relay for relay in self._relays.values() if relay.session == session]
+        for relay in relays:
+            relay.pending = None
 
     def hold_standalone(
         self,
@@ -341,6 +353,9 @@ def start(
                 await current.aclose()
                 current = None
                 await asyncio.sleep(poll_delay(retry))
+                if relay.pending is None or not relay.pending.ids:
+                    failed = False  # the client ended the session meanwhile
+                    break
                 current = await poll(relay.upstream_last_id)
                 polled = True
         except asyncio.CancelledError:
