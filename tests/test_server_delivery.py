@@ -157,6 +157,11 @@ def build(handlers: Handlers, *, store=None, json_response: bool = False, sse: b
                     json_response and await request.is_disconnected()
                 ):
                     await anyio.sleep(0.01)
+                if sse:
+                    # The SDK ends the session after it saw the stream go and
+                    # cancels this handler then: wait for that cancellation,
+                    # not a poll's luck (the bound only ends a failing test).
+                    await anyio.sleep(GATE)
         except BaseException:
             handlers.log.append(("cancelled", text))
             raise
