@@ -31,11 +31,11 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from opentelemetry.instrumentation.mcp_resumption.event_ids import (
+from opentelemetry.instrumentation.mcp_resumption.rules.event_ids import (
     MAX_ORDERED_ID_LENGTH,
     parse_event_id,
 )
-from opentelemetry.instrumentation.mcp_resumption.tracker import (
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import (
     MAX_KEPT_ID_BYTES,
     STREAMABLE_HTTP,
     Tracker,

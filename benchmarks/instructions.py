@@ -506,8 +506,8 @@ def _resumes(n: int) -> None:
 def seed_records(url: str, n: int) -> None:
     """The records of the streams the resume row resumes, as another
     process of the fleet would have left them (natively, before counting)."""
-    from opentelemetry.instrumentation.mcp_resumption.redis_state import RedisStore
-    from opentelemetry.instrumentation.mcp_resumption.shared_state import SharedRecord
+    from opentelemetry.instrumentation.mcp_resumption.shared.redis_state import RedisStore
+    from opentelemetry.instrumentation.mcp_resumption.shared.shared_state import SharedRecord
 
     store = RedisStore(url, STATE_KEY, timeout=2.0)
     for k in range(n + 2):

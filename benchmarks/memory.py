@@ -10,7 +10,7 @@ import statistics
 import time
 import tracemalloc
 
-from opentelemetry.instrumentation.mcp_resumption.tracker import (
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import (
     SEEN_WINDOW,
     STREAMABLE_HTTP,
     Tracker,
@@ -168,7 +168,7 @@ def processor_event_cost(events: int, repeats: int) -> dict[str, float]:
     from opentelemetry.sdk.trace import TracerProvider
 
     from opentelemetry.instrumentation.mcp_resumption import ContinuityProcessor
-    from opentelemetry.instrumentation.mcp_resumption.facts import RequestFacts
+    from opentelemetry.instrumentation.mcp_resumption.telemetry.facts import RequestFacts
 
     processor = ContinuityProcessor(
         tracer_provider=TracerProvider(),

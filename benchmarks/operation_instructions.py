@@ -89,9 +89,9 @@ def worker(config: str, n: int) -> None:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from opentelemetry.instrumentation.mcp_resumption.config import load
-    from opentelemetry.instrumentation.mcp_resumption.facts import RequestFacts
-    from opentelemetry.instrumentation.mcp_resumption.redaction import Redaction
-    from opentelemetry.instrumentation.mcp_resumption.telemetry import TelemetrySink
+    from opentelemetry.instrumentation.mcp_resumption.telemetry.facts import RequestFacts
+    from opentelemetry.instrumentation.mcp_resumption.telemetry.redaction import Redaction
+    from opentelemetry.instrumentation.mcp_resumption.telemetry.sink import TelemetrySink
 
     if config == "record_no_exemplars":
         from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter

@@ -45,18 +45,21 @@ def worker(stage: str, n: int) -> None:
     # The POST, its answer and the session of that benchmark.
     from post_in_process import SESSION, _body, _result
 
-    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
+    from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import requests_in
     try:
         from opentelemetry.instrumentation.mcp_resumption.patches.feed import RING, Feed
     except ImportError:  # a plugin from before the feed had a module of its own
         from opentelemetry.instrumentation.mcp_resumption.patches.sse import RING, Feed
-    from opentelemetry.instrumentation.mcp_resumption.tracker import STREAMABLE_HTTP, Tracker
+    from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import (
+        STREAMABLE_HTTP,
+        Tracker,
+    )
 
     last = STAGES.index(stage)
     state = os.environ.get(STATE_VARIABLE)
     store = None
     if state:
-        from opentelemetry.instrumentation.mcp_resumption.redis_state import RedisStore
+        from opentelemetry.instrumentation.mcp_resumption.shared.redis_state import RedisStore
 
         store = RedisStore(state, b"benchmark key")
         store._start = lambda: None  # no writer thread: the host's share only

@@ -90,6 +90,6 @@ def no_exit_summary_of_the_test_process():
     yield
     import atexit
 
-    from opentelemetry.instrumentation.mcp_resumption.verdict_log import verdicts
+    from opentelemetry.instrumentation.mcp_resumption.telemetry.verdict_log import verdicts
 
     atexit.unregister(verdicts.write_summary)

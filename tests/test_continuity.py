@@ -17,21 +17,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opentelemetry.instrumentation.mcp_resumption.continuity import (
+from opentelemetry.instrumentation.mcp_resumption.errors import ResumptionGapError
+from opentelemetry.instrumentation.mcp_resumption.rules.continuity import (
     Cursor,
     ObservedEvent,
     ReplayContract,
     StreamCursor,
     verify_resumption,
 )
-from opentelemetry.instrumentation.mcp_resumption.errors import ResumptionGapError
-from opentelemetry.instrumentation.mcp_resumption.event_ids import (
+from opentelemetry.instrumentation.mcp_resumption.rules.event_ids import (
     MAX_ORDERED_ID_LENGTH,
     EventId,
     compare_event_ids,
     parse_event_id,
 )
-from opentelemetry.instrumentation.mcp_resumption.resume_check import ResumeCheck
+from opentelemetry.instrumentation.mcp_resumption.rules.resume_check import ResumeCheck
 
 # ------------------------------------------------------------- the oracle
 # Seed 000's code, verbatim apart from the names.

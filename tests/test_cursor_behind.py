@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 
-from opentelemetry.instrumentation.mcp_resumption.tracker import Tracker
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import Tracker
 from tracker_scenarios import (
     SERVER,
     break_stream,

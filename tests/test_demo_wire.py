@@ -54,7 +54,7 @@ from mcp_resumption_demo.servers import (  # noqa: E402
     search_hits,
 )
 from mcp_resumption_demo.ts_scenarios import TsScenarioWire  # noqa: E402
-from opentelemetry.instrumentation.mcp_resumption import semconv  # noqa: E402
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv  # noqa: E402
 
 # The TypeScript server's ids: <stream uuid>_<epoch ms>_<base36>.
 TS_ID = re.compile(r"[0-9a-f-]{36}_[0-9]{13}_[0-9a-z]{1,8}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from opentelemetry.instrumentation.mcp_resumption.events import (
+from opentelemetry.instrumentation.mcp_resumption.rules.events import (
     LOSSES,
     PAGES,
     EventLedger,

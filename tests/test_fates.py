@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from opentelemetry.instrumentation.mcp_resumption.fates import Fate
-from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
-from opentelemetry.instrumentation.mcp_resumption.tracker import Step, Tracker
+from opentelemetry.instrumentation.mcp_resumption.rules.fates import Fate
+from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import requests_in
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import Step, Tracker
 from tracker_scenarios import SERVER, notification, result
 
 

@@ -411,7 +411,7 @@ def test_tracker_looks_the_cursor_up_in_the_session_the_request_named():
     """The tracker half of the fix above: given the request's session, a
     resume answered under a new session binds to that session's stream and
     leaves the other session's stream, pending requests and ids alone."""
-    from opentelemetry.instrumentation.mcp_resumption.tracker import Tracker
+    from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import Tracker
 
     t = Tracker()
     server = "127.0.0.1:1"

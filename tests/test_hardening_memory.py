@@ -12,7 +12,7 @@ import pytest
 from fuzz_sse import Reply, block, consume, framed, head
 from helpers import Telemetry
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
-from opentelemetry.instrumentation.mcp_resumption.tracker import Tracker
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import Tracker
 
 SERVER = "127.0.0.1:9"
 ACCEPT = (b"accept", b"text/event-stream")

@@ -26,8 +26,8 @@ from opentelemetry.instrumentation.mcp_resumption import (
     ContinuityProcessor,
     McpResumptionInstrumentor,
 )
-from opentelemetry.instrumentation.mcp_resumption import semconv as sc
-from opentelemetry.instrumentation.mcp_resumption.facts import RequestFacts
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.telemetry.facts import RequestFacts
 
 ACCEPT = (b"accept", b"text/event-stream")
 # Protocol words that are not anyone's data (they also name methods in gap messages).

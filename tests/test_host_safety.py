@@ -181,8 +181,8 @@ def test_gap_logs_are_rate_limited_and_every_gap_is_counted(telemetry):
     """20,000 answers to ids the session never sent: 20,000 foreign_replay gaps
     counted, a handful of log records (each used to copy the server's id)."""
     from opentelemetry.instrumentation.mcp_resumption import ContinuityProcessor
-    from opentelemetry.instrumentation.mcp_resumption.facts import RequestFacts
-    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
+    from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import requests_in
+    from opentelemetry.instrumentation.mcp_resumption.telemetry.facts import RequestFacts
 
     processor = ContinuityProcessor(**telemetry.providers())
     server, host, session = "127.0.0.1:9", "127.0.0.1", "flood-session-1"

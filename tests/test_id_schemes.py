@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from opentelemetry.instrumentation.mcp_resumption import event_ids
-from opentelemetry.instrumentation.mcp_resumption.event_ids import (
+from opentelemetry.instrumentation.mcp_resumption.rules import event_ids
+from opentelemetry.instrumentation.mcp_resumption.rules.event_ids import (
     EventId,
     compare_event_ids,
     corroborated,
     parse_event_id,
 )
-from opentelemetry.instrumentation.mcp_resumption.tracker import (
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import (
     MAX_KEPT_ID_BYTES,
     STREAMABLE_HTTP,
     Tracker,

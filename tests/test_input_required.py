@@ -103,8 +103,8 @@ def test_a_task_handle_answers_its_call_and_a_broken_one_is_answered_by_it():
     carries it or on a resumed one, whatever becomes of the task."""
     import json
 
-    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
-    from opentelemetry.instrumentation.mcp_resumption.tracker import Tracker
+    from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import requests_in
+    from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import Tracker
 
     server, session = "127.0.0.1:8000", "s-1"
     body = json.dumps(

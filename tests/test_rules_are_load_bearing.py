@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from opentelemetry.instrumentation.mcp_resumption import continuity
-from opentelemetry.instrumentation.mcp_resumption.continuity import GapKind
-from opentelemetry.instrumentation.mcp_resumption.resume_check import ResumeCheck
+from opentelemetry.instrumentation.mcp_resumption.rules import continuity
+from opentelemetry.instrumentation.mcp_resumption.rules.continuity import GapKind
+from opentelemetry.instrumentation.mcp_resumption.rules.resume_check import ResumeCheck
 from tracker_scenarios import SCENARIOS
 
 KIND_OF_RULE = {

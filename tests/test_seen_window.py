@@ -8,8 +8,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from opentelemetry.instrumentation.mcp_resumption.records import Session
-from opentelemetry.instrumentation.mcp_resumption.seen_window import (
+from opentelemetry.instrumentation.mcp_resumption.tracking.records import Session
+from opentelemetry.instrumentation.mcp_resumption.tracking.seen_window import (
     SEEN_WINDOW,
     SeenWindow,
     _Packed,

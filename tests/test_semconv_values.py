@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import httpx
 import httpx_sse
 
-from opentelemetry.instrumentation.mcp_resumption import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv as sc
 
 from scripted_server import sse
 

@@ -17,13 +17,13 @@ import time
 import pytest
 
 from opentelemetry.instrumentation.mcp_resumption import config
-from opentelemetry.instrumentation.mcp_resumption.redis_state import (
+from opentelemetry.instrumentation.mcp_resumption.shared.redis_state import (
     KEY_PREFIX,
     RedisStore,
     state_store,
 )
-from opentelemetry.instrumentation.mcp_resumption.shared_state import MEMORY, SharedRecord
-from opentelemetry.instrumentation.mcp_resumption.tracker import Tracker
+from opentelemetry.instrumentation.mcp_resumption.shared.shared_state import MEMORY, SharedRecord
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import Tracker
 from redis_stack import RedisServer
 from tracker_scenarios import SERVER, notification, result, resume, tools_call
 
@@ -501,7 +501,7 @@ def test_the_fallbacks_are_a_metric_of_bounded_attributes(fresh):
     """Through the owner: a store that cannot answer counts each fallback in
     ``mcp.client.resumption.state.fallbacks``, by operation and reason."""
     from helpers import Telemetry
-    from opentelemetry.instrumentation.mcp_resumption.monitor import ResumptionMonitor
+    from opentelemetry.instrumentation.mcp_resumption.owner.monitor import ResumptionMonitor
 
     telemetry = Telemetry()
     fresh.stop()

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from opentelemetry.instrumentation.mcp_resumption.redis_state import KEY_PREFIX, RedisStore
-from opentelemetry.instrumentation.mcp_resumption.redis_tasks import HAND_OVER_WAIT
-from opentelemetry.instrumentation.mcp_resumption.task_handover import HandedTask
+from opentelemetry.instrumentation.mcp_resumption.rules.task_handover import HandedTask
+from opentelemetry.instrumentation.mcp_resumption.shared.redis_state import KEY_PREFIX, RedisStore
+from opentelemetry.instrumentation.mcp_resumption.shared.redis_tasks import HAND_OVER_WAIT
 
 pytest.importorskip("redis")
 
@@ -148,7 +148,7 @@ def test_a_task_nobody_follows_is_abandoned_once_at_its_time(fresh):
 
 
 def test_the_abandon_time_is_the_ttl_within_the_reissue_window_and_the_cap():
-    from opentelemetry.instrumentation.mcp_resumption.task_handover import abandon_due
+    from opentelemetry.instrumentation.mcp_resumption.rules.task_handover import abandon_due
 
     expired_long_ago = facts(ttl_s=1.0, alive=400.0)
     expired_long_ago.handed_at = 1000.0

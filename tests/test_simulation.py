@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from opentelemetry.instrumentation.mcp_resumption.continuity import ReplayContract
-from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
-from opentelemetry.instrumentation.mcp_resumption.tracker import Tracker
+from opentelemetry.instrumentation.mcp_resumption.rules.continuity import ReplayContract
+from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import requests_in
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import Tracker
 
 SERVER = "https://mcp.example.com/mcp"
 SESSION = "s-77"
@@ -421,7 +421,7 @@ def run_through_the_processor(s: Scenario, hops: list[tuple[int, bool]]):
     drive them, with ``hops`` answering the resume before its real answer."""
     from helpers import Telemetry
     from opentelemetry.instrumentation.mcp_resumption import ContinuityProcessor
-    from opentelemetry.instrumentation.mcp_resumption.facts import RequestFacts
+    from opentelemetry.instrumentation.mcp_resumption.telemetry.facts import RequestFacts
 
     telemetry = Telemetry()
     processor = ContinuityProcessor(

@@ -57,7 +57,10 @@ def test_a_process_that_never_speaks_mcp_loads_at_most_10_modules():
     off = modules_at_start("mcp_resumption,mcp_resumption_server")
     assert off == ENTRY
     assert len(on) <= MAX_MODULES, sorted(on)
-    heavy = {"monitor", "processor", "tracker", "telemetry", "config", "patches.http"}
+    heavy = {
+        "owner.monitor", "owner.processor", "tracking.tracker", "telemetry.sink", "config",
+        "patches.http",
+    }
     assert not {f"{PACKAGE}.{name}" for name in heavy} & on, sorted(on)
     # the control: the halves did load (their entry points and patch points)
     assert {f"{PACKAGE}.server", f"{PACKAGE}.patches"} <= on

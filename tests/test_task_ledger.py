@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from opentelemetry.instrumentation.mcp_resumption.tasks import Fate, TaskLedger
+from opentelemetry.instrumentation.mcp_resumption.rules.tasks import Fate, TaskLedger
 
 S = "127.0.0.1:9"
 MODERN_META = {
@@ -133,7 +133,7 @@ def test_the_open_tasks_are_bounded_and_the_dropped_counted():
 def handed_over(ttl_ms=1000, wall=1000.0, last_seen=None):
     """A task handed out in one ledger (one process), polled, then handed to
     the fleet at its exit, decoded as the next process reads it."""
-    from opentelemetry.instrumentation.mcp_resumption.task_handover import HandedTask
+    from opentelemetry.instrumentation.mcp_resumption.rules.task_handover import HandedTask
 
     first = TaskLedger()
     handed(first, ttl_ms=ttl_ms, created=wall, wall=wall)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers import console_metrics, scope_counts
-from opentelemetry.instrumentation.mcp_resumption.verdict_log import verdicts
+from opentelemetry.instrumentation.mcp_resumption.telemetry.verdict_log import verdicts
 
 # fastmcp-tasks needs mcp >= 2.3 and is installed in the tasks environment
 # of scripts/test only: imported by the tests, never at collection.

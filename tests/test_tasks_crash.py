@@ -23,7 +23,7 @@ from datetime import timedelta
 
 import pytest
 
-from opentelemetry.instrumentation.mcp_resumption.shared_state import keyed_hash
+from opentelemetry.instrumentation.mcp_resumption.shared.shared_state import keyed_hash
 from redis_stack import FLEET_KEY, process_env
 from test_tasks_handover import (
     ABANDONED_LINE,

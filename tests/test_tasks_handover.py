@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from opentelemetry.instrumentation.mcp_resumption.shared_state import keyed_hash
+from opentelemetry.instrumentation.mcp_resumption.shared.shared_state import keyed_hash
 from redis_stack import FLEET_KEY, process_env
 
 pytest.importorskip("redis")

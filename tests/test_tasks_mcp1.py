@@ -17,7 +17,7 @@ import anyio
 import pytest
 import uvicorn
 
-from opentelemetry.instrumentation.mcp_resumption.verdict_log import verdicts
+from opentelemetry.instrumentation.mcp_resumption.telemetry.verdict_log import verdicts
 from task_wire import TaskRouter, switchable
 
 # mcp 1.30 warns that its experimental tasks API will go: it is what is tested.

@@ -13,10 +13,14 @@ import uuid
 
 import pytest
 
-from opentelemetry.instrumentation.mcp_resumption.continuity import Outcome
-from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
-from opentelemetry.instrumentation.mcp_resumption.tracker import NOTHING as NOTHING_STEP
-from opentelemetry.instrumentation.mcp_resumption.tracker import SENT_TRIM, SENT_WINDOW, Tracker
+from opentelemetry.instrumentation.mcp_resumption.rules.continuity import Outcome
+from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import requests_in
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import NOTHING as NOTHING_STEP
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import (
+    SENT_TRIM,
+    SENT_WINDOW,
+    Tracker,
+)
 from tracker_scenarios import (
     INCLUSIVE,
     MARKER,
@@ -484,7 +488,7 @@ def test_a_long_resumed_stream_closes_its_attempt_after_the_seen_window():
     """Nothing pending and the verdict given: the attempt is counted once the
     seen window has passed (no earlier id is left to reuse), not only when a
     long-lived stream ends hours later."""
-    from opentelemetry.instrumentation.mcp_resumption.tracker import SEEN_WINDOW
+    from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import SEEN_WINDOW
 
     t = Tracker()
     break_stream(t, seed_000_ids())

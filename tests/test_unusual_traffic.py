@@ -511,7 +511,7 @@ def test_the_parse_without_json_loads_wrappers_is_json_loads(text):
     """The request bodies and event data the plugin parses go to json.loads'
     own scanner directly where that is all json.loads would do; on every
     other text, json.loads itself answers: the same value, or the same error."""
-    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import loads
+    from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import loads
 
     assert _outcome(loads, text) == _outcome(json.loads, text)
 
@@ -549,7 +549,7 @@ def _jsonrpc_texts(draw) -> str | bytes:
 
 def _reference_messages(text: str | bytes | None) -> list | None:
     """What the messages of a body or event are, by json.loads itself."""
-    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import within_limit
+    from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import within_limit
 
     if not text or not within_limit(text):
         return None
@@ -571,7 +571,7 @@ def test_the_ids_read_without_the_parse_wrappers_are_json_loads(text):
     object straight from json.loads' scanner (``_one_object``): every id key
     and method they return is what json.loads' parse of the same text gives,
     duplicate keys, batches, broken and trailing text included."""
-    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import (
+    from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import (
         _one_object,
         request_key,
         requests_in,

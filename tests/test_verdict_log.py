@@ -19,8 +19,8 @@ import httpx
 import httpx_sse
 import pytest
 
-from opentelemetry.instrumentation.mcp_resumption import verdict_log
-from opentelemetry.instrumentation.mcp_resumption.verdict_log import LOGGER_NAME, verdicts
+from opentelemetry.instrumentation.mcp_resumption.telemetry import verdict_log
+from opentelemetry.instrumentation.mcp_resumption.telemetry.verdict_log import LOGGER_NAME, verdicts
 
 from scripted_server import fresh_session, legacy_stream, notification, sse
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from opentelemetry.instrumentation.mcp_resumption.continuity import Gap, ReplayContract, Verdict
-from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
-from opentelemetry.instrumentation.mcp_resumption.tracker import Step, Tracker
+from opentelemetry.instrumentation.mcp_resumption.rules.continuity import (
+    Gap,
+    ReplayContract,
+    Verdict,
+)
+from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import requests_in
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import Step, Tracker
 
 SERVER = "https://mcp.example.com/mcp"
 EXCLUSIVE = ReplayContract.EXCLUSIVE

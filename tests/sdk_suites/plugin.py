@@ -48,8 +48,8 @@ _opened: dict[tuple[Any, Any, str], str] = {}
 
 def _remember_requests(processor: Any) -> None:
     """Wrap the owner's begin_request to note which test sent each request."""
-    from opentelemetry.instrumentation.mcp_resumption.facts import exported_request_id
-    from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
+    from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import requests_in
+    from opentelemetry.instrumentation.mcp_resumption.telemetry.facts import exported_request_id
 
     original = processor.begin_request
 

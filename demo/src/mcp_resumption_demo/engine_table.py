@@ -12,9 +12,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from opentelemetry.instrumentation.mcp_resumption.continuity import Outcome, ReplayContract
-from opentelemetry.instrumentation.mcp_resumption.jsonrpc import requests_in
-from opentelemetry.instrumentation.mcp_resumption.tracker import Stream, Tracker
+from opentelemetry.instrumentation.mcp_resumption.rules.continuity import Outcome, ReplayContract
+from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import requests_in
+from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import Stream, Tracker
 
 SERVER = "mcp.example:443"
 

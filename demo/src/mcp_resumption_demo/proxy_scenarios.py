@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
 
-from opentelemetry.instrumentation.mcp_resumption import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv as sc
 
 from .clients import MCP_MAJOR, WireEvent, response_id, sdk_streamable_session
 from .fates import broken_request_fates

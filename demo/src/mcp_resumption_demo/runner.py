@@ -24,8 +24,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 
 from opentelemetry.instrumentation.mcp_resumption import McpResumptionInstrumentor
-from opentelemetry.instrumentation.mcp_resumption import semconv as sc
-from opentelemetry.instrumentation.mcp_resumption.verdict_log import LOGGER_NAME as VERDICT_LOGGER
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.telemetry.verdict_log import (
+    LOGGER_NAME as VERDICT_LOGGER,
+)
 
 from . import scenarios
 from .scenarios import all_scenarios

@@ -18,9 +18,9 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry.instrumentation.mcp_resumption import semconv as sc
 from opentelemetry.instrumentation.mcp_resumption.server import McpResumptionServerInstrumentor
 from opentelemetry.instrumentation.mcp_resumption.server.provable import ProvableEventStore
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv as sc
 
 from .clients import MCP_MAJOR, SESSION_PROTOCOL_VERSION, new_http_client
 from .router import Route

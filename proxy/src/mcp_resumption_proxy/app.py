@@ -26,7 +26,7 @@ import httpx
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 
 from opentelemetry.instrumentation.mcp_resumption import ResumptionGapError
-from opentelemetry.instrumentation.mcp_resumption import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv as sc
 
 from . import enforce, resumable
 from .client_leg import NOT_FORWARDED, UNCARRIED_CURSOR, ClientLeg, Watch

@@ -55,9 +55,17 @@ from opentelemetry._logs import SeverityNumber, get_logger
 
 from opentelemetry import metrics
 from opentelemetry.instrumentation.mcp_resumption import config
-from opentelemetry.instrumentation.mcp_resumption import semconv as sc
-from opentelemetry.instrumentation.mcp_resumption.jsonrpc import EVENTS_POLL, EVENTS_STREAM, LISTEN
-from opentelemetry.instrumentation.mcp_resumption.verdict_log import LOST, server_name, verdicts
+from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import (
+    EVENTS_POLL,
+    EVENTS_STREAM,
+    LISTEN,
+)
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.telemetry.verdict_log import (
+    LOST,
+    server_name,
+    verdicts,
+)
 from opentelemetry.instrumentation.mcp_resumption.version import __version__
 
 from . import legs

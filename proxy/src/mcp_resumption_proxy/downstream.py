@@ -25,11 +25,11 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from opentelemetry.instrumentation.mcp_resumption import config
-from opentelemetry.instrumentation.mcp_resumption import semconv as sc
 from opentelemetry.instrumentation.mcp_resumption.server.observer import (
     ResumeRequest,
     ServerObserver,
 )
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv as sc
 
 from . import legs
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from opentelemetry.instrumentation.mcp_resumption import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv as sc
 
 from . import legs
 

@@ -23,8 +23,8 @@ from opentelemetry._logs import get_logger_provider
 from opentelemetry.metrics import Observation
 
 from opentelemetry import metrics, trace
-from opentelemetry.instrumentation.mcp_resumption import semconv as sc
-from opentelemetry.instrumentation.mcp_resumption.verdict_log import verdicts
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.telemetry.verdict_log import verdicts
 
 CLIENT_PROXY = sc.LEG_CLIENT_PROXY
 PROXY_SERVER = sc.LEG_PROXY_SERVER

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from opentelemetry.instrumentation.mcp_resumption.shared_state import _hide, _show
+from opentelemetry.instrumentation.mcp_resumption.shared.shared_state import _hide, _show
 
 from .relay_terms import LINGER, MAX_EVENTS, parse
 

@@ -34,10 +34,10 @@ from .package import _instruments
 from .version import __version__
 
 if TYPE_CHECKING:
-    from .continuity import StreamCursor, verify_resumption
     from .errors import ResumeCursorRaceError, ResumptionGapError
+    from .owner.processor import ContinuityProcessor
     from .patches import Installation
-    from .processor import ContinuityProcessor
+    from .rules.continuity import StreamCursor, verify_resumption
 
 __all__ = [
     "ContinuityProcessor",
@@ -56,15 +56,22 @@ _logger = logging.getLogger(__name__)
 # client half: the server half's entry point (a submodule) imports it, as does
 # the pre-instrument hook, in processes where the client half is disabled.
 _LAZY = {
-    "ContinuityProcessor": "processor",
+    "ContinuityProcessor": "owner.processor",
     "ResumeCursorRaceError": "errors",
     "ResumptionGapError": "errors",
-    "StreamCursor": "continuity",
-    "verify_resumption": "continuity",
+    "StreamCursor": "rules.continuity",
+    "verify_resumption": "rules.continuity",
 }
+# Modules the docs named at the package's top before they moved into their
+# layer's folder: ``from opentelemetry.instrumentation.mcp_resumption import
+# verdict_log`` (its ``summary_lines()``) and ``semconv`` keep working.
+_MOVED = {"semconv": "telemetry.semconv", "verdict_log": "telemetry.verdict_log"}
 
 
 def __getattr__(name: str) -> Any:
+    moved = _MOVED.get(name)
+    if moved is not None:
+        return importlib.import_module(f"{__name__}.{moved}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -210,7 +217,7 @@ class McpResumptionInstrumentor(BaseInstrumentor):
 
     def _owner(self, kwargs: dict[str, Any]) -> ContinuityProcessor:
         from . import config
-        from .processor import ContinuityProcessor
+        from .owner.processor import ContinuityProcessor
 
         processor = kwargs.get("processor")
         if processor is None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .continuity import ReplayContract
+from .rules.continuity import ReplayContract
 
 _logger = logging.getLogger(__name__)
 # (variable, value) pairs warned about already: a logging de-dup for the

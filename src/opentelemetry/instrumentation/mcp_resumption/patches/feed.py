@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ResumptionGapError
-from ..tracker import SEEN_WINDOW, SSE, Event
+from ..tracking.tracker import SEEN_WINDOW, SSE, Event
 from . import fault, guarded
 
 # The ring holds one more than the seen window: its oldest event, once the

@@ -22,12 +22,12 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry import trace
 
 from ..errors import ResumptionGapError
-from ..facts import RequestFacts, StreamContext, legacy_session_in_query
-from ..tracker import bounded_id
+from ..telemetry.facts import RequestFacts, StreamContext, legacy_session_in_query
+from ..tracking.tracker import bounded_id
 from . import Targets, fault, guarded
 
 if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
-    from ..monitor import ResumptionMonitor
+    from ..owner.monitor import ResumptionMonitor
 
 MAX_HEADER_LENGTH = 1024
 # server.port when the URL leaves it implicit (the conventions ask for the port

@@ -27,7 +27,7 @@ from ..errors import ResumptionGapError
 from . import Targets, fault, guarded
 
 if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
-    from ..monitor import ResumptionMonitor
+    from ..owner.monitor import ResumptionMonitor
 
 MODULE = "mcp.client.streamable_http"
 GAP_ERROR_CODE = -32001  # implementation-defined server-error range of JSON-RPC

@@ -37,7 +37,7 @@ from .feed import Ends, asked_next, ended, feeding, normalised
 from .own_sse import Loop, OwnLoop
 
 if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
-    from ..monitor import ResumptionMonitor
+    from ..owner.monitor import ResumptionMonitor
 
 def _response_of(event_source: Any) -> Any:
     return getattr(event_source, "response", None) or getattr(event_source, "_response", None)

@@ -37,8 +37,8 @@ from typing import Any
 
 from wrapt import ObjectProxy
 
-from .. import semconv as sc
 from ..patches import fault, guarded
+from ..telemetry import semconv as sc
 from . import active
 from .delivery import Deliveries, deliveries
 from .observer import header

@@ -28,8 +28,8 @@ from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from .. import semconv as sc
-from ..budget import LogBudget
+from ..telemetry import semconv as sc
+from ..telemetry.budget import LogBudget
 from .reruns import Run, Runs
 
 _logger = logging.getLogger("opentelemetry.instrumentation.mcp_resumption.server")

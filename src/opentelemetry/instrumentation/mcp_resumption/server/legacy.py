@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import semconv as sc
 from ..patches import guarded
+from ..telemetry import semconv as sc
 from . import active, answers
 from .observer import from_scope, header
 from .streamable import GUARD_ERROR_CODE, GUARD_MESSAGES, GUARD_STATUS

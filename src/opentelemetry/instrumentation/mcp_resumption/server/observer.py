@@ -24,10 +24,10 @@ from opentelemetry._logs import SeverityNumber, get_logger
 from opentelemetry import metrics, trace
 
 from .. import config
-from .. import semconv as sc
-from ..redaction import Redaction
-from ..telemetry import LogBudget
-from ..tracker import bounded_id
+from ..telemetry import semconv as sc
+from ..telemetry.redaction import Redaction
+from ..telemetry.sink import LogBudget
+from ..tracking.tracker import bounded_id
 from ..version import __version__
 
 # Event ids remembered per store with the session they were issued in; an

@@ -40,9 +40,9 @@ from typing import Any
 
 from opentelemetry import metrics
 
-from .. import semconv as sc
-from ..jsonrpc import MAX_TOOL_NAME, TOOL_ERROR
 from ..patches import guarded
+from ..rules.jsonrpc import MAX_TOOL_NAME, TOOL_ERROR
+from ..telemetry import semconv as sc
 from ..version import __version__
 from . import active
 

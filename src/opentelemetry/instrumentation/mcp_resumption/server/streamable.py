@@ -38,8 +38,8 @@ from typing import Any
 
 from wrapt import ObjectProxy
 
-from .. import semconv as sc
 from ..patches import fault, guarded
+from ..telemetry import semconv as sc
 from . import active, answers
 from .observer import ResumeRequest, from_scope, header
 
