@@ -16,109 +16,148 @@ PACKAGE = (
     / "mcp_resumption"
 )
 
+# The folders, one per layer, lowest first: a module may import its own
+# folder and the folders below it, never one above.  The root holds the
+# package's face and what every layer reads: ``errors``, ``forks``,
+# ``version`` and ``package`` below everything, ``config`` above the rules
+# (it reads the replay contract's words).
+FOLDERS = ("rules", "shared", "tracking", "telemetry", "owner", "patches", "server")
+ROOT_BELOW = {"errors", "forks", "version", "package"}
+ROOT_ABOVE_RULES = {"config"}
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _folder_modules(folder: str) -> list[str]:
+    return sorted(
+        f"{folder}.{path.stem}" if path.stem != "__init__" else folder
+        for path in (PACKAGE / folder).glob("*.py")
+    )
+
+
+def _allowed(module: str) -> set[str]:
+    """What a module may import: the root's lower modules, and its own
+    folder and the folders below it."""
+    index = FOLDERS.index(_layer(module))
+    allowed = set(ROOT_BELOW)
+    if index > 0:
+        allowed |= ROOT_ABOVE_RULES
+    return allowed | set(FOLDERS[: index + 1])
+
+
 # The rooms of the tracker (issue 30), lowest first: each may import the
 # rooms before it, never one after it, nor the tracker that composes them.
-ROOMS = (
+ROOMS = tuple(f"tracking.{room}" for room in (
     "seen_window", "records", "requests", "cursors", "breaks", "resumes", "streams", "sharing",
     "request_side",
-)
+))
+TRACKER = "tracking.tracker"
+MONITOR, PROCESSOR = "owner.monitor", "owner.processor"
 # The parts of the owner (issue 30): the bases of ResumptionMonitor, each read
 # alone, none importing another (they meet in the monitor, through ``self``).
-OWNER_PARTS = (
+OWNER_PARTS = tuple(f"owner.{part}" for part in (
     "channels", "hops", "findings", "stream_reports", "at_exit", "task_reports", "event_reports",
-)
+))
 # The telemetry sink and its parts, lowest first.
-SINK = ("instruments", "call_telemetry", "task_telemetry", "event_telemetry", "telemetry")
+SINK = tuple(f"telemetry.{part}" for part in (
+    "instruments", "call_telemetry", "task_telemetry", "event_telemetry", "sink",
+))
+FACTS, REDACTION, DEADLINES = "telemetry.facts", "telemetry.redaction", "owner.deadlines"
 UPPER = {
-    "facts", "redaction", "deadlines", *SINK, "monitor", "processor", "patches",
-    *OWNER_PARTS,
+    FACTS, REDACTION, DEADLINES, *SINK, MONITOR, PROCESSOR, "patches", *OWNER_PARTS,
 }
+# The rules, lowest first: what an event id proves, the rules and their
+# verdicts' words, one resume run through them.
+RULES = ("rules.event_ids", "rules.continuity", "rules.resume_check")
+FATES, SUBSCRIPTIONS, TASKS = "rules.fates", "rules.subscriptions", "rules.tasks"
 # What the patches never reach into: the rules' modules and ledgers (they
 # take the errors enforce mode raises from ``errors``), the tracker's rooms
 # and the owner's parts.
-NOT_FOR_PATCHES = {
-    "event_ids", "continuity", "resume_check", "fates", "subscriptions", "tasks", *ROOMS,
-    *OWNER_PARTS,
-}
+NOT_FOR_PATCHES = {*_folder_modules("rules"), *ROOMS, *OWNER_PARTS}
 
 
 def _rooms_after(room: str) -> set[str]:
     return set(ROOMS[ROOMS.index(room) + 1 :])
 
 
-# The rules, lowest first: what an event id proves, the rules and their
-# verdicts' words, one resume run through them.
-RULES = ("event_ids", "continuity", "resume_check")
-
-
 def _rules_after(module: str) -> set[str]:
     return set(RULES[RULES.index(module) + 1 :])
 
 
-# Each module and the package modules it must never import at run time.
+# Within a folder, and across the owner's and the patches' modules: each
+# module and the package modules it must never import at run time (the
+# folders' order above holds besides).
 ABOVE = {
     # What enforce mode raises: below everything, importing nothing of ours.
-    "errors": {*RULES, "fates", "tracker", *ROOMS, *UPPER},
-    **{rule: {*_rules_after(rule), "fates", "tracker", *ROOMS, *UPPER} for rule in RULES},
-    "fates": {"tracker", *ROOMS, *UPPER},
-    "subscriptions": {"fates", "tracker", *ROOMS, *UPPER},
+    "errors": {*RULES, FATES, TRACKER, *ROOMS, *UPPER},
+    **{rule: {*_rules_after(rule), FATES, TRACKER, *ROOMS, *UPPER} for rule in RULES},
+    FATES: {TRACKER, *ROOMS, *UPPER},
+    SUBSCRIPTIONS: {FATES, TRACKER, *ROOMS, *UPPER},
     # The task ledger (issue 37): a room of its own, beside the tracker, not in it.
-    "tasks": {"fates", "subscriptions", "tracker", *ROOMS, *UPPER},
+    TASKS: {FATES, SUBSCRIPTIONS, TRACKER, *ROOMS, *UPPER},
     # A task handed to the fleet: below the task ledger, importing nothing of ours.
-    "task_handover": {"tasks", "fates", "subscriptions", "tracker", *ROOMS, *UPPER},
-    **{room: {"tracker", *_rooms_after(room), *UPPER} for room in ROOMS},
-    "tracker": set(UPPER),
+    "rules.task_handover": {TASKS, FATES, SUBSCRIPTIONS, TRACKER, *ROOMS, *UPPER},
+    **{room: {TRACKER, *_rooms_after(room), *UPPER} for room in ROOMS},
+    TRACKER: set(UPPER),
     # The shared state's record: below the tracker, above nothing of the core.
-    "shared_state": {"tracker", *ROOMS, *UPPER},
+    "shared.shared_state": {TRACKER, *ROOMS, *UPPER, *_folder_modules("shared")} - {
+        "shared.shared_state", "shared"},
     # The Redis store: the settings and the record, never the telemetry (the
     # owner hands it a callback to count its fallbacks).
-    "redis_state": {"tracker", *ROOMS, *UPPER},
-    "redis_ledger": {"redis_state", "tracker", *ROOMS, *UPPER},
+    "shared.redis_state": {TRACKER, *ROOMS, *UPPER},
+    "shared.redis_ledger": {"shared.redis_state", TRACKER, *ROOMS, *UPPER},
     # The tasks handed to the fleet, in Redis: beside the in-flight ledger.
-    "redis_tasks": {"redis_state", "redis_ledger", "tasks", "tracker", *ROOMS, *UPPER},
+    "shared.redis_tasks": {"shared.redis_state", "shared.redis_ledger", TASKS, TRACKER, *ROOMS,
+                           *UPPER},
     # The store's link to Redis (connection, breaker, writer thread): below
     # both the records and the ledger it carries.
-    "redis_link": {
-        "redis_state", "redis_ledger", "redis_tasks", "tracker", *ROOMS, *UPPER,
+    "shared.redis_link": {
+        "shared.redis_state", "shared.redis_ledger", "shared.redis_tasks", TRACKER, *ROOMS,
+        *UPPER,
     },
-    "facts": {"redaction", "deadlines", *SINK, "monitor", "processor", "patches", *OWNER_PARTS},
-    "redaction": {"deadlines", *SINK, "monitor", "processor", "patches", *OWNER_PARTS},
-    "deadlines": {*SINK, "monitor", "processor", "patches", *OWNER_PARTS},
+    FACTS: {REDACTION, DEADLINES, *SINK, MONITOR, PROCESSOR, "patches", *OWNER_PARTS},
+    REDACTION: {DEADLINES, *SINK, MONITOR, PROCESSOR, "patches", *OWNER_PARTS},
+    DEADLINES: {*SINK, MONITOR, PROCESSOR, "patches", *OWNER_PARTS},
     **{
-        part: {*SINK[SINK.index(part) + 1 :], "monitor", "processor", "patches", *OWNER_PARTS}
+        part: {*SINK[SINK.index(part) + 1 :], MONITOR, PROCESSOR, "patches", *OWNER_PARTS}
         for part in SINK
     },
     **{
-        part: {"monitor", "processor", "patches", *(set(OWNER_PARTS) - {part})}
+        part: {MONITOR, PROCESSOR, "patches", *(set(OWNER_PARTS) - {part})}
         for part in OWNER_PARTS
     },
-    "monitor": {"processor", "patches"},
-    "processor": {"patches"},
+    MONITOR: {PROCESSOR, "patches"},
+    PROCESSOR: {"patches"},
     # The patches know the tracker's API (its names re-exported there), not
     # its rooms, and the owner by its type only.
-    "patches": {"monitor", "processor", *NOT_FOR_PATCHES},
-    "patches.http": {"monitor", "processor", *NOT_FOR_PATCHES},
+    "patches": {MONITOR, PROCESSOR, *NOT_FOR_PATCHES},
+    "patches.http": {MONITOR, PROCESSOR, *NOT_FOR_PATCHES},
     # The feed of a stream's events, below the iteration patches that feed it.
     "patches.feed": {
-        "monitor", "processor", "patches.http", "patches.sse", "patches.own_sse",
+        MONITOR, PROCESSOR, "patches.http", "patches.sse", "patches.own_sse",
         "patches.mcp_sdk", *NOT_FOR_PATCHES,
     },
     "patches.own_sse": {
-        "monitor", "processor", "patches.http", "patches.sse", "patches.feed", "patches.mcp_sdk",
+        MONITOR, PROCESSOR, "patches.http", "patches.sse", "patches.feed", "patches.mcp_sdk",
         *NOT_FOR_PATCHES,
     },
-    "patches.sse": {"monitor", "processor", "patches.http", "patches.mcp_sdk", *NOT_FOR_PATCHES},
+    "patches.sse": {MONITOR, PROCESSOR, "patches.http", "patches.mcp_sdk", *NOT_FOR_PATCHES},
     "patches.mcp_sdk": {
-        "monitor", "processor", "patches.http", "patches.sse", "patches.feed", *NOT_FOR_PATCHES,
+        MONITOR, PROCESSOR, "patches.http", "patches.sse", "patches.feed", *NOT_FOR_PATCHES,
     },
+    # The server half is a half of its own: it shares the telemetry's names
+    # and the patches' guard, never the client half's owner.
+    **{module: set(_folder_modules("owner")) for module in _folder_modules("server")},
 }
 
-# The pure core: the rules, the ledgers and the tracker with its rooms import
-# the standard library and each other only (no OpenTelemetry, no HTTP client).
+# The pure core: the rules, the ledgers, the shared state's record and the
+# tracker with its rooms import the standard library and each other only (no
+# OpenTelemetry, no HTTP client).
 PURE = (
-    "errors", *RULES, "fates", "subscriptions", "tasks", "task_handover", "events", "jsonrpc",
-    "forks",
-    "shared_state", *ROOMS, "tracker",
+    "errors", "forks", *_folder_modules("rules"), "shared.shared_state",
+    *_folder_modules("tracking"),
 )
 
 
@@ -158,9 +197,38 @@ def test_no_module_imports_a_layer_above_it(module):
     assert not upward, f"{module} imports {sorted(upward)}, a layer above it"
 
 
+@pytest.mark.parametrize(
+    "module", [module for folder in FOLDERS for module in _folder_modules(folder)]
+)
+def test_no_module_imports_a_folder_above_its_own(module):
+    imported = {_layer(name) for name in _runtime_imports(module)}
+    upward = imported - _allowed(module)
+    assert not upward, f"{module} imports from {sorted(upward)}, above its folder"
+
+
+@pytest.mark.parametrize("module", sorted(ROOT_BELOW | ROOT_ABOVE_RULES))
+def test_the_roots_lower_modules_import_no_layer_but_the_rules(module):
+    imported = {_layer(name) for name in _runtime_imports(module)}
+    allowed = {"rules", *ROOT_BELOW} if module in ROOT_ABOVE_RULES else set()
+    assert imported <= allowed, f"{module} imports {sorted(imported - allowed)}"
+
+
+def test_every_module_sits_in_a_folder_of_its_layer():
+    """The package's top holds the face and what every layer reads, nothing
+    else: a new module takes its folder."""
+    top = {path.stem for path in PACKAGE.glob("*.py")}
+    assert top == {"__init__", "skip_notice", *ROOT_BELOW, *ROOT_ABOVE_RULES}
+    assert {path.name for path in PACKAGE.iterdir() if path.is_dir()} - {"__pycache__"} == set(
+        FOLDERS
+    )
+
+
 @pytest.mark.parametrize("module", PURE)
 def test_the_pure_core_imports_the_standard_library_only(module):
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    path = PACKAGE / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = PACKAGE / module.replace(".", "/") / "__init__.py"
+    tree = ast.parse(path.read_text())
     absolute = {
         alias.name.split(".")[0]
         for node in ast.walk(tree)
@@ -178,22 +246,23 @@ def test_the_pure_core_imports_the_standard_library_only(module):
 def test_the_tracker_composes_every_room():
     """Each room is a module the tracker imports, so each is held to the
     order above (a new room takes its place in ``ROOMS``)."""
-    assert set(ROOMS) <= _runtime_imports("tracker")
+    assert set(ROOMS) <= _runtime_imports(TRACKER)
 
 
 def test_the_monitor_is_composed_of_every_part():
     """Each part of the owner is a module the monitor imports, so each is
     held to the rules above (a new part takes its place in ``OWNER_PARTS``)."""
-    assert set(OWNER_PARTS) <= _runtime_imports("monitor")
+    assert set(OWNER_PARTS) <= _runtime_imports(MONITOR)
 
 
 def test_the_check_sees_imports():
     """The checker itself finds what a module does import (else the test
     above could never fail)."""
-    assert {"monitor", "redaction"} <= _runtime_imports("processor")
-    assert "monitor" not in _runtime_imports("patches.http")  # TYPE_CHECKING only
-    assert {"facts", "tracker"} <= _runtime_imports("patches.http")
-    assert {"records", "breaks"} <= _runtime_imports("resumes")
+    assert {MONITOR, REDACTION} <= _runtime_imports(PROCESSOR)
+    assert MONITOR not in _runtime_imports("patches.http")  # TYPE_CHECKING only
+    assert {FACTS, TRACKER} <= _runtime_imports("patches.http")
+    assert {"tracking.records", "tracking.breaks"} <= _runtime_imports("tracking.resumes")
+    assert "owner" in {_layer(name) for name in _runtime_imports(PROCESSOR)}
 
 
 def test_no_patch_module_keeps_a_channel():
