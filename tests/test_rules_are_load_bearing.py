@@ -1,4 +1,4 @@
-"""Every rule in continuity.py decides at least one seed scenario: with the
+"""Every rule in rules/continuity.py decides at least one seed scenario: with the
 rule turned into a no-op, some scenario of test_tracker reports a different
 set of gap kinds (tracker_scenarios)."""
 
@@ -52,7 +52,7 @@ def _disable(monkeypatch: pytest.MonkeyPatch, rule: str) -> None:
 
 
 def test_every_gap_kind_has_one_rule_and_every_rule_reports_its_own_kind(monkeypatch):
-    # Every rule of continuity.py is in RULES (so the test below covers it),
+    # Every rule of rules/continuity.py is in RULES (so the test below covers it),
     # one rule to a gap kind ...
     assert {name for name in vars(continuity) if name.endswith("_rule")} == set(RULES)
     assert sorted(KIND_OF_RULE.values()) == sorted(kind.value for kind in GapKind)
