@@ -305,9 +305,13 @@ class _Thread:
     saved: bytes | None = None  # the last cursor's digest as the shared state has it
 
     def receive(self, cursor: Any) -> None:
-        """The client received ``cursor`` (a string, or None: null)."""
-        if not isinstance(cursor, str):
+        """The client received ``cursor`` (a string, or None: null; anything
+        else is a server's malformed cursor, read past: the thread keeps the
+        last cursor it carried, as a client that takes only strings does)."""
+        if cursor is None:
             self.last = None
+            return
+        if not isinstance(cursor, str):
             return
         digest = _cursor_digest(cursor)
         if digest == self.last:
@@ -601,7 +605,7 @@ class EventLedger:
                     if reused:
                         findings.append(self._reused(asked.key, delivery))
         if "cursor" in result:
-            thread.receive(_cursor(result))
+            thread.receive(result["cursor"])
         if asked.method == SUBSCRIBE:
             findings += self._subscribed(server, asked.key, result)
         return Outcome(tuple(findings), duplicates=duplicates, key=asked.key, delivery=delivery)
@@ -673,7 +677,7 @@ class EventLedger:
         if method == EVENT:
             duplicate, reused = thread.delivered(params.get("eventId"), params.get("data"))
             if "cursor" in params:
-                thread.receive(_cursor(params))
+                thread.receive(params["cursor"])
             findings = (self._reused(key, "push"),) if reused else ()
             return Outcome(findings, duplicates=duplicate, key=key, delivery="push")
         if method == HEARTBEAT:
@@ -683,7 +687,7 @@ class EventLedger:
                 stream.interval = gap if stream.interval is None else max(stream.interval, gap)
             stream.last_beat = now
             if "cursor" in params:
-                thread.receive(_cursor(params))
+                thread.receive(params["cursor"])
             return NOTHING
         if method == TERMINATED:
             del self._streams[(server, subscription)]
@@ -719,7 +723,8 @@ class EventLedger:
         stream.active_seen = True
         stream.last_beat = now
         truncated = _truncated(params)
-        cursor = _cursor(params)
+        raw = params.get("cursor")
+        cursor = raw if isinstance(raw, str) else None
         findings: list[Finding] = []
         if truncated and asked.supplied is not None:
             findings.append(
@@ -732,7 +737,7 @@ class EventLedger:
                 )
             )
         reopened = None
-        if cursor is None:
+        if raw is None:
             thread.replays = False
             if asked.reopening and asked.cut_at is not None:
                 window = max(0.0, stream.opened_at - asked.cut_at)
@@ -747,11 +752,11 @@ class EventLedger:
                         window=window,
                     )
                 )
-        else:
+        elif cursor is not None:
             thread.replays = True
             if asked.reopening and isinstance(asked.supplied, str):
                 reopened = Reopened(stream.key, proven=not truncated and not findings)
-        thread.receive(cursor)
+        thread.receive(raw)
         return Outcome(tuple(findings), reopened, key=stream.key, delivery="push")
 
     def stream_ended(self, server: str, request_id: str, cut: bool, now: float) -> Outcome:
