@@ -87,6 +87,8 @@ def _interval(text: str) -> float:
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    from .client_events import CLOSE_MODES, UNSUBSCRIBE
+
     parser = argparse.ArgumentParser(
         prog="mcp-resumption-proxy",
         description="Forward MCP requests to an upstream server, judging both legs' "
@@ -104,6 +106,11 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
                         help="keep the events forwarded on each stream (bounded) under ids "
                         "of the proxy's, so that a client whose connection to the proxy "
                         "breaks resumes from the proxy; in observe mode only")
+    parser.add_argument("--events-client-close", choices=CLOSE_MODES, default=UNSUBSCRIBE,
+                        help="what a client's end of an events/stream push stream is when it "
+                        "does not reopen it within the confirmation window: its unsubscribe "
+                        "(default; 2026-07-28 unsubscribes by closing, which the proxy cannot "
+                        "tell from a cut), or a cut, reported not_reopened on the client leg")
     parser.add_argument("--drain", type=_seconds, default=DRAIN_S, metavar="SECONDS",
                         help="at SIGTERM, how long the streams still open may run on before "
                         f"they are cut (default {DRAIN_S:g}); new connections are refused "
@@ -234,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         shared_relays=None if store is None or not args.resumable else shared.SharedRelays(store),
         reachability=probe,
     )
+    if proxy_app.client_leg is not None:
+        proxy_app.client_leg.events.on_close = args.events_client_close
     if store is not None and proxy_app.client_leg is not None:
         # Its undelivered answers at shutdown go to the fleet (handoff.py).
         leg = proxy_app.client_leg

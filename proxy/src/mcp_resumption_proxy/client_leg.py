@@ -69,6 +69,7 @@ from opentelemetry.instrumentation.mcp_resumption.telemetry.verdict_log import (
 from opentelemetry.instrumentation.mcp_resumption.version import __version__
 
 from . import legs
+from .client_events import ClientEvents, EventsWatch
 
 _logger = logging.getLogger("mcp_resumption_proxy")
 
@@ -166,15 +167,25 @@ class Watch:
     how: str | None = None
     over: bool = False
     cancelled: set[str] = field(default_factory=set)  # by notifications/cancelled
+    # Its events/* requests, followed on the events' own ledger (client_events.py).
+    events: EventsWatch | None = None
+    events_leg: ClientEvents | None = None
 
     def seen(self, data: str, mark: int = 0) -> None:
+        """An answer (or an event) parsed at chunk ``mark`` (0: written to
+        the client already)."""
+        if self.events is not None and self.events_leg is not None:
+            written = None if not mark or self.progress is None else self.progress()
+            self.events_leg.seen(self.events, data, mark, written)
         for key in answers_in(data):
             if key in self.requests and key not in self.answered:
                 self.answered[key] = mark
 
     def seen_frames(self, frames: bytes) -> None:
         """Answers in raw SSE bytes (a relay's frames), written already."""
-        if b'"id"' not in frames:
+        if b'"id"' not in frames and (
+            self.events is None or b"notifications/events/" not in frames
+        ):
             return
         for line in frames.splitlines():
             if line.startswith(b"data:"):
@@ -192,8 +203,11 @@ class Watch:
 
     @property
     def subscription(self) -> bool:
-        """A ``subscriptions/listen``: a subscription, never a call."""
-        return bool(self.requests) and all(
+        """A ``subscriptions/listen`` or an ``events/stream``: a
+        subscription, never a call."""
+        if not self.requests:
+            return self.events is not None and bool(self.events.streams)
+        return all(
             method == LISTEN for method, _ in self.requests.values())
 
     def delivered(self, sent: int | None) -> set[str]:
@@ -239,6 +253,11 @@ class ClientLeg:
             schema_url=sc.SCHEMA_URL,
         )
         self.window = config.load().confirm_timeout if window is None else window
+        # The Events extension's push streams cut on this leg (client_events.py).
+        self.events = ClientEvents(
+            meter_provider=meter_provider, logger_provider=logger_provider,
+            window=self.window, cancelled=self._events_cancelled,
+        )
         self._lock = threading.Lock()
         self._awaiting: OrderedDict[tuple[str | None, str], _Broken] = OrderedDict()
         self._open: set[Watch] = set()
@@ -267,13 +286,15 @@ class ClientLeg:
             self._sent(body, session)
         if b'"method"' not in body or b'"id"' not in body:
             return None
+        events = self.events.sent(body, server) if b'"events/' in body else None
         # A push stream or a poll of the Events extension is resumed with its
-        # cursor, which the events' room judges: never a call to lose here.
+        # cursor, which the events' ledger judges: never a call to lose here.
         requests = [r for r in requests_in(body) if r[1] not in _RESUMED_BY_CURSOR]
-        if not requests:
+        if not requests and events is None:
             return None
         self._seen_server(server)
-        watch = Watch(server, session, protocol, {k: (m, p) for k, m, p in requests})
+        watch = Watch(server, session, protocol, {k: (m, p) for k, m, p in requests},
+                      events=events, events_leg=self.events if events is not None else None)
         with self._lock:
             self._open.add(watch)
         return watch
@@ -305,6 +326,8 @@ class ClientLeg:
                 return
             watch.over = True
             self._open.discard(watch)
+        if watch.events is not None:
+            self.events.ended(watch.events, how, None if how == "done" else sent)
         delivered = watch.delivered(None if how == "done" else sent)
         if watch.resume:
             for key in delivered:
@@ -437,6 +460,11 @@ class ClientLeg:
     def _cancel(self, broken: _Broken) -> None:
         self._cancelled.add(1, self._attributes(broken.server))
 
+    def _events_cancelled(self, server: str) -> None:
+        """A push stream its client closed and did not reopen: its end of
+        the subscription, counted as a closed listen is."""
+        self._cancelled.add(1, self._attributes(server))
+
     def _fated(self, broken: _Broken, fate: str, why: str) -> None:
         attributes = self._attributes(broken.server)
         if fate != "lost":
@@ -488,6 +516,7 @@ class ClientLeg:
         (a 2026-07-28 client's own close stays its cancel); streams still
         open are counted lost when they end, at once."""
         self.stopped = True
+        self.events.stop()
         with self._lock:
             awaiting = list(self._awaiting.values())
             self._awaiting.clear()

@@ -1,0 +1,293 @@
+# Copyright The OpenTelemetry Authors
+# SPDX-License-Identifier: Apache-2.0
+"""The Events extension on the client leg: a push stream cut between a
+client and the proxy, judged by the event ledger (``events.EventLedger``)
+as the client half judges one cut below its application.
+
+The upstream leg sees every ``events/*`` request and answer through the
+proxy's own client half, and judges what the server said and what the
+client supplied (``truncated``, ``cursor_lost``, ...): the same bytes cross
+both legs, so those are said there, once.  What only this leg sees is a
+client's stream to the proxy that ended while the server's did not: the
+upstream leg saw the proxy close it, a clean end.  So this ledger follows
+the cursors the proxy *wrote* to each client (an event parsed but not yet
+written when the client's stream ended never reached it), and says only
+what follows from such an end:
+
+* the client reopened the thread with its last cursor and ``active`` said
+  ``truncated: false``: a reopen proven
+  (``mcp.client.resumption.event_streams{state=reopened}``);
+* a type without replay reopened: ``unreplayable_window``, with its length;
+* no reopen within the confirmation window: the proxy cannot tell a cut
+  from the client's own close (2026-07-28 unsubscribes a push stream by
+  closing it, and both end the client's connection the same way).  By
+  default it is the client's end of the subscription, counted on
+  ``mcp.proxy.cancelled_requests`` as a closed listen is, never a loss; with
+  ``--events-client-close cut`` it is ``not_reopened`` (for clients known
+  never to close a push stream for good).
+
+Costs: a body is parsed only when it names an ``events/`` method; an SSE
+event only on such a request's response, and only if it names an events
+notification or carries an answer; one timer while a cut stream waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry._logs import get_logger
+
+from opentelemetry import metrics
+from opentelemetry.instrumentation.mcp_resumption import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.budget import LogBudget
+from opentelemetry.instrumentation.mcp_resumption.event_telemetry import EventTelemetry
+from opentelemetry.instrumentation.mcp_resumption.events import (
+    METHODS,
+    EventLedger,
+    Kind,
+    Outcome,
+)
+from opentelemetry.instrumentation.mcp_resumption.jsonrpc import request_key
+from opentelemetry.instrumentation.mcp_resumption.version import __version__
+
+__all__ = ["CLOSE_MODES", "ClientEvents", "EventsWatch"]
+
+STREAM = "events/stream"
+_NOTIFICATION = "notifications/events/"
+# What a client's end of a push stream is, when it does not reopen it.
+UNSUBSCRIBE, CUT = "unsubscribe", "cut"
+CLOSE_MODES = (UNSUBSCRIBE, CUT)
+# What only this leg can say (see the module's doc); the rest is the
+# upstream leg's, which reads the same messages.
+_OWN_KINDS = frozenset({Kind.NOT_REOPENED, Kind.UNREPLAYABLE_WINDOW})
+MAX_MESSAGE_BYTES = 1024 * 1024
+MAX_PENDING = 1024  # messages parsed, not yet known written (per response)
+MIN_TICK = 0.05
+
+
+@dataclass(eq=False)
+class EventsWatch:
+    """One response toward a client that answers ``events/*`` requests: the
+    requests (key -> method), and the messages parsed on it, each with the
+    tee's count of chunks read when it was parsed (written once the client
+    got as many)."""
+
+    server: str
+    kept: dict[str, str]
+    pending: list[tuple[int, Any]] = field(default_factory=list)
+
+    @property
+    def streams(self) -> list[str]:
+        return [key for key, method in self.kept.items() if method == STREAM]
+
+
+class _Sink(EventTelemetry):
+    """The events' telemetry, with this leg's own instruments."""
+
+    def __init__(self, meter: Any, logger_provider: Any) -> None:
+        self._event_gaps = meter.create_counter(*sc.EVENT_GAPS)
+        self._event_duplicates = meter.create_counter(*sc.EVENT_DUPLICATES)
+        self._event_streams = meter.create_counter(*sc.EVENT_STREAMS)
+        self._event_names: dict[str, None] = {}
+        self._event_series: set[tuple[str, int | None, str, str]] = set()
+        self._events_logger = get_logger(
+            sc.INSTRUMENTATION_NAME, __version__, logger_provider=logger_provider,
+            schema_url=sc.SCHEMA_URL,
+        )
+        self._log_budget = LogBudget()
+
+
+def _host_port(server: str) -> tuple[str, int | None]:
+    host, _, port = server.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else (server, None)
+
+
+class ClientEvents:
+    """The client leg's threads of cursors (see the module's doc)."""
+
+    def __init__(
+        self,
+        *,
+        meter_provider: Any = None,
+        logger_provider: Any = None,
+        window: float,
+        on_close: str = UNSUBSCRIBE,
+        cancelled: Any = None,
+    ) -> None:
+        meter = metrics.get_meter(
+            sc.INSTRUMENTATION_NAME, __version__, meter_provider, schema_url=sc.SCHEMA_URL
+        )
+        self._sink = _Sink(meter, logger_provider)
+        # ``cancelled(server)``: a client's end of a push stream, counted as
+        # its cancel (the client leg's counter).
+        self._cancelled = cancelled
+        self.on_close = on_close
+        self.window = window
+        self.ledger = EventLedger()
+        self._lock = threading.Lock()
+        self._timer: Any = None
+        self._timer_at = 0.0
+        self.stopped = False
+
+    # ------------------------------------------------------------ requests
+
+    def sent(self, body: bytes, server: str) -> EventsWatch | None:
+        """A POST about to be forwarded: its ``events/*`` requests kept (None:
+        none in it)."""
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return None
+        kept: dict[str, str] = {}
+        now = time.monotonic()
+        outcomes = []
+        with self._lock:
+            for item in parsed if isinstance(parsed, list) else [parsed]:
+                if not isinstance(item, dict) or item.get("method") not in METHODS:
+                    continue
+                key = request_key(item.get("id"))
+                if key is None:
+                    continue
+                kept[key] = item["method"]
+                outcomes.append(self.ledger.requested(server, key, item["method"],
+                                                      item.get("params"), now))
+        for outcome in outcomes:
+            if outcome.key is not None:
+                host, port = _host_port(server)
+                self._sink.event_type_seen(host, port, outcome.delivery, outcome.key.name)
+            self._found(outcome)
+        return EventsWatch(server, kept) if kept else None
+
+    # ------------------------------------------------------------ answers
+
+    def seen(self, watch: EventsWatch, data: str, mark: int, written: int | None) -> None:
+        """An SSE event's data (or a JSON answer) parsed on ``watch``'s
+        response at chunk ``mark``; ``written``: the chunks the client got so
+        far (None: this one was written already)."""
+        if _NOTIFICATION not in data and '"id"' not in data:
+            return
+        if len(data) > MAX_MESSAGE_BYTES:
+            return
+        try:
+            parsed = json.loads(data)
+        except ValueError:
+            return
+        for item in parsed if isinstance(parsed, list) else [parsed]:
+            if isinstance(item, dict):
+                if len(watch.pending) >= MAX_PENDING:
+                    self._take(watch, None)
+                watch.pending.append((0 if written is None else mark, item))
+        self._take(watch, written)
+
+    def _take(self, watch: EventsWatch, written: int | None) -> None:
+        """The messages the client got (``written``: chunks written; None:
+        all), told to the ledger in order."""
+        pending = watch.pending
+        if not pending:
+            return
+        count = 0
+        for mark, _ in pending:
+            if written is not None and mark > written:
+                break
+            count += 1
+        if not count:
+            return
+        taken = pending[:count]
+        del pending[:count]
+        now, wall = time.monotonic(), time.time()
+        outcomes = []
+        with self._lock:
+            for _, item in taken:
+                method = item.get("method")
+                if isinstance(method, str):
+                    if method.startswith(_NOTIFICATION):
+                        outcomes.append(self.ledger.notified(watch.server, method,
+                                                             item.get("params"), now))
+                    continue
+                key = request_key(item.get("id"))
+                if key is not None and key in watch.kept:
+                    outcomes.append(self.ledger.answered(watch.server, key, item, now, wall))
+        for outcome in outcomes:
+            self._found(outcome)
+
+    # ------------------------------------------------------------ ends
+
+    def ended(self, watch: EventsWatch, how: str, written: int | None) -> None:
+        """``watch``'s response ended (``how``: see ``ClientLeg.ended``).  A
+        push stream whose client's stream ended first (``left``) is cut on
+        this leg; any other end is the upstream's (said there) or the
+        proxy's own stop."""
+        self._take(watch, written)
+        watch.pending.clear()
+        cut = how == "left" and not self.stopped
+        now = time.monotonic()
+        outcomes = []
+        with self._lock:
+            for key in watch.streams:
+                outcomes.append(self.ledger.stream_ended(watch.server, key, cut, now))
+        for outcome in outcomes:
+            self._found(outcome)
+        if cut:
+            self._schedule()
+
+    def stop(self) -> None:
+        """The proxy stops: nothing more is decided (a stream its stop cut
+        is no client's loss)."""
+        self.stopped = True
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    # ------------------------------------------------------------ time
+
+    def _due(self) -> None:
+        self._timer = None
+        if self.stopped:
+            return
+        with self._lock:
+            outcome = self.ledger.due(time.monotonic(), time.time(), self.window)
+        self._found(outcome)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            wait = self.ledger.next_due(now, time.time(), self.window)
+        if wait is None or self.stopped:
+            return
+        wait = max(wait, MIN_TICK)
+        if self._timer is not None and self._timer_at <= now + wait:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = now + wait
+        self._timer = loop.call_later(wait, self._due)
+
+    # ------------------------------------------------------------ findings
+
+    def _found(self, outcome: Outcome) -> None:
+        if not outcome:
+            return
+        for finding in outcome.findings:
+            if finding.kind not in _OWN_KINDS:
+                continue
+            if finding.kind is Kind.NOT_REOPENED and self.on_close == UNSUBSCRIBE:
+                # No reopen: the client's own end of the subscription.
+                if self._cancelled is not None:
+                    self._cancelled(finding.key.server)
+                continue
+            host, port = _host_port(finding.key.server)
+            self._sink.event_finding(finding, host, port)
+        reopened = outcome.reopened
+        if reopened is not None and reopened.proven:
+            host, port = _host_port(reopened.key.server)
+            self._sink.event_stream(sc.EVENT_STREAM_REOPENED, host, port, reopened.key.name)
