@@ -116,6 +116,9 @@ async def test_a_push_stream_cut_below_the_proxy_and_not_reopened(mode, close):
             running, router, wire
         ):
             stream = await cut_stream(wire, server)
+            # The proxy closes the server's stream as its client's ended
+            # (with --resumable too: no resume of a push stream comes).
+            await server.await_streams(0, timeout=10)
             server.publish(REPLAYABLE, 3)  # published while the client has no stream
             said = await wait_for_text(running, "mcp-resumption event not_reopened:",
                                        15 if close == "cut" else 2.5)

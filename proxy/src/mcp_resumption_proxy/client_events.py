@@ -43,16 +43,18 @@ from typing import Any
 from opentelemetry._logs import get_logger
 
 from opentelemetry import metrics
-from opentelemetry.instrumentation.mcp_resumption import semconv as sc
-from opentelemetry.instrumentation.mcp_resumption.budget import LogBudget
-from opentelemetry.instrumentation.mcp_resumption.event_telemetry import EventTelemetry
-from opentelemetry.instrumentation.mcp_resumption.events import (
+from opentelemetry.instrumentation.mcp_resumption.rules.events import (
     METHODS,
     EventLedger,
     Kind,
     Outcome,
 )
-from opentelemetry.instrumentation.mcp_resumption.jsonrpc import request_key
+from opentelemetry.instrumentation.mcp_resumption.rules.jsonrpc import request_key
+from opentelemetry.instrumentation.mcp_resumption.telemetry import semconv as sc
+from opentelemetry.instrumentation.mcp_resumption.telemetry.budget import LogBudget
+from opentelemetry.instrumentation.mcp_resumption.telemetry.event_telemetry import (
+    EventTelemetry,
+)
 from opentelemetry.instrumentation.mcp_resumption.version import __version__
 
 __all__ = ["CLOSE_MODES", "ClientEvents", "EventsWatch"]
