@@ -78,6 +78,17 @@ async def wait_for_text(running: Proxy, text: str, timeout: float = 15.0) -> boo
     return text in running.stderr
 
 
+def gaps_but_the_read_ahead(running: Proxy) -> dict[tuple, int]:
+    """The event gaps by leg and kind, but for what the upstream leg may say
+    of a reopen's cursor when the proxy read further than its client got
+    (``cursor_rewound``: the server delivers those events to the proxy
+    again) or had not yet taken in the cut stream's last events when the
+    client's reopen came (``cursor_unknown``): neither is a loss, and which
+    one (or none) depends on when the proxy saw its client go."""
+    return {key: count for key, count in running.counts(GAPS, LEG, KIND).items()
+            if key not in (("proxy_server", "cursor_rewound"), ("proxy_server", "cursor_unknown"))}
+
+
 def no_lost_call(running: Proxy) -> None:
     """Never a lost call, an orphaned request or a not_resumable break, on
     either leg, for a push stream."""
@@ -161,7 +172,7 @@ async def test_a_push_stream_cut_below_the_proxy_and_reopened_with_its_cursor(mo
     assert active["truncated"] is False and replayed == missed  # the wire: nothing lost
     reopen = server.log.exchanges("events/stream")[1]
     assert reopen.cursor_in == stream.cursor
-    assert running.counts(GAPS, LEG, KIND) == {}
+    assert gaps_but_the_read_ahead(running) == {}
     assert running.counts(STREAMS, LEG, STATE).get(("client_proxy", "reopened")) == 1
     no_lost_call(running)
 
@@ -196,7 +207,7 @@ async def test_a_reopen_below_the_proxy_the_server_truncated(mode):
     reopen = server.log.exchanges("events/stream")[1]
     assert active["truncated"] is True and reopen.truncated is True
     assert reopen.cursor_in == stream.cursor
-    assert running.counts(GAPS, LEG, KIND) == {("proxy_server", "truncated"): 1}
+    assert gaps_but_the_read_ahead(running) == {("proxy_server", "truncated"): 1}
     assert not running.counts(STREAMS, LEG, STATE).get(("client_proxy", "reopened"))
     no_lost_call(running)
 

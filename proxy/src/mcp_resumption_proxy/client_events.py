@@ -26,9 +26,11 @@ what follows from such an end:
   ``--events-client-close cut`` it is ``not_reopened`` (for clients known
   never to close a push stream for good).
 
-Costs: a body is parsed only when it names an ``events/`` method; an SSE
-event only on such a request's response, and only if it names an events
-notification or carries an answer; one timer while a cut stream waits.
+Costs: a body is parsed only when it names an ``events/`` method; on such
+a request's response an ``active``, a ``terminated`` and an answer are
+parsed, an event or a heartbeat costs a substring search (only the last one
+written is parsed, at the stream's end or the next message kept); one
+timer while a cut stream waits.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ __all__ = ["CLOSE_MODES", "ClientEvents", "EventsWatch"]
 
 STREAM = "events/stream"
 _NOTIFICATION = "notifications/events/"
+_ACTIVE = _NOTIFICATION + "active"
+_TERMINATED = _NOTIFICATION + "terminated"
 # What a client's end of a push stream is, when it does not reopen it.
 UNSUBSCRIBE, CUT = "unsubscribe", "cut"
 CLOSE_MODES = (UNSUBSCRIBE, CUT)
@@ -68,7 +72,8 @@ CLOSE_MODES = (UNSUBSCRIBE, CUT)
 # upstream leg's, which reads the same messages.
 _OWN_KINDS = frozenset({Kind.NOT_REOPENED, Kind.UNREPLAYABLE_WINDOW})
 MAX_MESSAGE_BYTES = 1024 * 1024
-MAX_PENDING = 1024  # messages parsed, not yet known written (per response)
+MAX_PENDING = 1024  # messages kept, not yet known written (per response)
+MAX_LATEST = 8  # events and heartbeats kept before the written ones are dropped
 MIN_TICK = 0.05
 
 
@@ -81,7 +86,11 @@ class EventsWatch:
 
     server: str
     kept: dict[str, str]
-    pending: list[tuple[int, Any]] = field(default_factory=list)
+    # (mark, order, data): the messages kept, and the events and heartbeats
+    # not yet known written (the last written one is all that is needed).
+    pending: list[tuple[int, int, str]] = field(default_factory=list)
+    latest: list[tuple[int, int, str]] = field(default_factory=list)
+    seq: int = 0
 
     @property
     def streams(self) -> list[str]:
@@ -170,41 +179,67 @@ class ClientEvents:
     def seen(self, watch: EventsWatch, data: str, mark: int, written: int | None) -> None:
         """An SSE event's data (or a JSON answer) parsed on ``watch``'s
         response at chunk ``mark``; ``written``: the chunks the client got so
-        far (None: this one was written already)."""
-        if _NOTIFICATION not in data and '"id"' not in data:
-            return
+        far (None: this one was written already).
+
+        Only what this leg's verdicts need is parsed: an ``active`` (its
+        cursor and ``truncated``), a ``terminated``, an answer; of the events
+        and heartbeats, only the last one written, when it is needed (the
+        thread's last cursor).  So an event costs a substring search here,
+        not a parse."""
         if len(data) > MAX_MESSAGE_BYTES:
             return
-        try:
-            parsed = json.loads(data)
-        except ValueError:
-            return
-        for item in parsed if isinstance(parsed, list) else [parsed]:
-            if isinstance(item, dict):
-                if len(watch.pending) >= MAX_PENDING:
-                    self._take(watch, None)
-                watch.pending.append((0 if written is None else mark, item))
-        self._take(watch, written)
+        mark = 0 if written is None else mark
+        watch.seq += 1
+        if _ACTIVE in data or _TERMINATED in data or '"result"' in data or '"error"' in data:
+            if len(watch.pending) >= MAX_PENDING:
+                self._take(watch, None)
+            watch.pending.append((mark, watch.seq, data))
+            self._take(watch, written)
+        elif _NOTIFICATION in data:
+            latest = watch.latest
+            if written is None:  # written already, as every one before it
+                watch.latest = [(mark, watch.seq, data)]
+                return
+            latest.append((mark, watch.seq, data))
+            if len(latest) > MAX_LATEST:
+                # Of those written already, only the last is still needed.
+                now = written if written is not None else mark
+                last = max((i for i, entry in enumerate(latest) if entry[0] <= now), default=0)
+                del latest[:last]
 
     def _take(self, watch: EventsWatch, written: int | None) -> None:
-        """The messages the client got (``written``: chunks written; None:
-        all), told to the ledger in order."""
+        """What the client got (``written``: chunks written; None: all), told
+        to the ledger in the order it came: every message kept, and the last
+        event or heartbeat."""
+        def got(entry: tuple[int, int, str]) -> bool:
+            return written is None or entry[0] <= written
+
         pending = watch.pending
-        if not pending:
-            return
         count = 0
-        for mark, _ in pending:
-            if written is not None and mark > written:
-                break
+        while count < len(pending) and got(pending[count]):
             count += 1
-        if not count:
-            return
         taken = pending[:count]
         del pending[:count]
+        latest = watch.latest
+        last = max((i for i, entry in enumerate(latest) if got(entry)), default=-1)
+        if last >= 0:
+            taken.append(latest[last])
+            del latest[: last + 1]
+        if not taken:
+            return
+        taken.sort(key=lambda entry: entry[1])
+        messages = []
+        for _, _, data in taken:
+            try:
+                parsed = json.loads(data)
+            except ValueError:
+                continue
+            messages.extend(m for m in (parsed if isinstance(parsed, list) else [parsed])
+                            if isinstance(m, dict))
         now, wall = time.monotonic(), time.time()
         outcomes = []
         with self._lock:
-            for _, item in taken:
+            for item in messages:
                 method = item.get("method")
                 if isinstance(method, str):
                     if method.startswith(_NOTIFICATION):
@@ -226,6 +261,7 @@ class ClientEvents:
         proxy's own stop."""
         self._take(watch, written)
         watch.pending.clear()
+        watch.latest.clear()
         cut = how == "left" and not self.stopped
         now = time.monotonic()
         outcomes = []
