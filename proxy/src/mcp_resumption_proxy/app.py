@@ -422,6 +422,8 @@ class ProxyApp(Passthrough):
         forwarding = asyncio.ensure_future(forward())
         watching = asyncio.ensure_future(client_left(receive))
         gone = client_gone(receive, watching)
+        if watch is not None:
+            watch.gone = gone
         try:
             await asyncio.wait({forwarding, watching}, return_when=asyncio.FIRST_COMPLETED)
             if not forwarding.done():

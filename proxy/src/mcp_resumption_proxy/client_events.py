@@ -91,6 +91,11 @@ class EventsWatch:
     pending: list[tuple[int, int, str]] = field(default_factory=list)
     latest: list[tuple[int, int, str]] = field(default_factory=list)
     seq: int = 0
+    # Its push streams' threads; the response it rides on (``client_leg.Watch``:
+    # whether its client is gone, how much it was written); ended already.
+    threads: list[Any] = field(default_factory=list)
+    owner: Any = None
+    over: bool = False
 
     @property
     def streams(self) -> list[str]:
@@ -144,6 +149,8 @@ class ClientEvents:
         self._timer: Any = None
         self._timer_at = 0.0
         self.stopped = False
+        # The responses carrying push streams now, by thread.
+        self._streaming: dict[Any, set[EventsWatch]] = {}
 
     # ------------------------------------------------------------ requests
 
@@ -155,24 +162,50 @@ class ClientEvents:
         except ValueError:
             return None
         kept: dict[str, str] = {}
-        now = time.monotonic()
+        threads = []
         outcomes = []
-        with self._lock:
-            for item in parsed if isinstance(parsed, list) else [parsed]:
-                if not isinstance(item, dict) or item.get("method") not in METHODS:
-                    continue
-                key = request_key(item.get("id"))
-                if key is None:
-                    continue
-                kept[key] = item["method"]
-                outcomes.append(self.ledger.requested(server, key, item["method"],
-                                                      item.get("params"), now))
+        for item in parsed if isinstance(parsed, list) else [parsed]:
+            if not isinstance(item, dict) or item.get("method") not in METHODS:
+                continue
+            key = request_key(item.get("id"))
+            if key is None:
+                continue
+            if item["method"] == STREAM:
+                self._gone_before(server, item.get("params"))
+            kept[key] = item["method"]
+            with self._lock:
+                outcome = self.ledger.requested(server, key, item["method"],
+                                                item.get("params"), time.monotonic())
+            outcomes.append(outcome)
+            if outcome.stream is not None and outcome.key is not None:
+                threads.append(outcome.key)
         for outcome in outcomes:
             if outcome.key is not None:
                 host, port = _host_port(server)
                 self._sink.event_type_seen(host, port, outcome.delivery, outcome.key.name)
             self._found(outcome)
-        return EventsWatch(server, kept) if kept else None
+        if not kept:
+            return None
+        watch = EventsWatch(server, kept, threads=threads)
+        for thread in threads:
+            self._streaming.setdefault(thread, set()).add(watch)
+        return watch
+
+    def _gone_before(self, server: str, params: Any) -> None:
+        """A push stream is opened: a stream of its thread whose client is
+        gone already ended first, though the proxy has not seen it end yet
+        (the client's reopen can reach the proxy before its old
+        connection's close does)."""
+        with self._lock:
+            key = self.ledger.thread_key(server, params)
+        if key is None:
+            return
+        for watch in list(self._streaming.get(key, ())):
+            owner = watch.owner
+            gone = getattr(owner, "gone", None)
+            if gone is not None and gone():
+                progress = getattr(owner, "progress", None)
+                self.ended(watch, "left", progress() if progress is not None else None)
 
     # ------------------------------------------------------------ answers
 
@@ -259,6 +292,15 @@ class ClientEvents:
         push stream whose client's stream ended first (``left``) is cut on
         this leg; any other end is the upstream's (said there) or the
         proxy's own stop."""
+        if watch.over:
+            return
+        watch.over = True
+        for thread in watch.threads:
+            streaming = self._streaming.get(thread)
+            if streaming is not None:
+                streaming.discard(watch)
+                if not streaming:
+                    del self._streaming[thread]
         self._take(watch, written)
         watch.pending.clear()
         watch.latest.clear()

@@ -170,6 +170,8 @@ class Watch:
     # Its events/* requests, followed on the events' own ledger (client_events.py).
     events: EventsWatch | None = None
     events_leg: ClientEvents | None = None
+    # Whether its client's connection is closed, as of now (where known).
+    gone: Callable[[], bool] | None = None
 
     def seen(self, data: str, mark: int = 0) -> None:
         """An answer (or an event) parsed at chunk ``mark`` (0: written to
@@ -295,6 +297,8 @@ class ClientLeg:
         self._seen_server(server)
         watch = Watch(server, session, protocol, {k: (m, p) for k, m, p in requests},
                       events=events, events_leg=self.events if events is not None else None)
+        if events is not None:
+            events.owner = watch
         with self._lock:
             self._open.add(watch)
         return watch

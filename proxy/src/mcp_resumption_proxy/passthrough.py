@@ -152,7 +152,7 @@ class Passthrough:
             pump = drain(response)
         pumping = asyncio.ensure_future(pump)
         if watch is not None:
-            tee.gone = gone
+            tee.gone = watch.gone = gone
         waits = {pumping, watching}
         if enforced and self.stream_error is not None:
             judged = asyncio.ensure_future(self._judged(response))
