@@ -109,12 +109,14 @@ async def cut_stream(wire: EventsWire, server: EventsServer, name: str = REPLAYA
 
 
 @contextlib.asynccontextmanager
-async def through_cutting_proxy(server: EventsServer, mode: tuple[str, ...], *args: str):
+async def through_cutting_proxy(server: EventsServer, mode: tuple[str, ...], *args: str,
+                                token: str | None = None):
     """client -> cutting router -> proxy -> ``server``: the proxy, the
     router and the client."""
     with proxy(server.url, *mode, *args,
                OTEL_PYTHON_MCP_RESUMPTION_CONFIRM_TIMEOUT=WINDOW) as running:
-        async with cutting_router(running) as router, EventsWire(router.url + "/mcp") as wire:
+        async with cutting_router(running) as router, EventsWire(router.url + "/mcp",
+                                                                 token=token) as wire:
             yield running, router, wire
 
 
@@ -223,4 +225,35 @@ async def test_a_no_replay_stream_cut_below_the_proxy_and_reopened(mode):
                 active = again.messages[0]["params"]
     assert active["cursor"] is None and missed  # the wire: a type without replay
     assert running.counts(GAPS, LEG, KIND) == {("client_proxy", "unreplayable_window"): 1}
+    no_lost_call(running)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@in_asyncio
+async def test_one_client_cut_while_another_holds_the_same_subscription(mode):
+    """Two clients (two principals) of one proxy follow the same event type
+    and arguments: each its own thread on the client leg, so the one cut is
+    not hidden by the other's stream still open."""
+    with EventsServer(heartbeat_s=5) as server:
+        async with through_cutting_proxy(
+            server, mode, "--events-client-close", "cut", token="alice"
+        ) as (running, _, alice), EventsWire(running.url, token="bob") as bob, alice.stream(
+            REPLAYABLE, None
+        ) as cut, bob.stream(REPLAYABLE, None) as held:
+            server.publish(REPLAYABLE, 2)
+            await cut.wait_ended()
+            said = await wait_for_text(running, "mcp-resumption event not_reopened:")
+            await held.next_event()
+            await held.next_event()
+            still_open = not held.ended.is_set()
+    # The wire: alice's stream cut after two events, bob's open throughout.
+    assert cut.broken is not None and len(cut.events) == 2
+    assert still_open and len(held.events) == 2
+    assert said
+    # (The upstream leg, one client half for all the proxy's clients, keys no
+    # principal: bob's "from now" after alice's cursor reads as cursor_lost
+    # there; see docs/proxy.md, Limits.)
+    gaps = running.counts(GAPS, LEG, KIND)
+    assert {k: v for k, v in gaps.items() if k[0] == "client_proxy"} == {
+        ("client_proxy", "not_reopened"): 1}
     no_lost_call(running)

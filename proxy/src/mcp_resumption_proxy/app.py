@@ -188,7 +188,8 @@ class ProxyApp(Passthrough):
         if leg is not None:
             if method == "POST":
                 watch = leg.watch_post(body, leg.server_of(scope), session_id, decoded_text(
-                    header_of(headers, b"mcp-protocol-version")))
+                    header_of(headers, b"mcp-protocol-version")),
+                    decoded_text(header_of(headers, b"authorization")))
             elif resume:
                 watch = leg.watch_resume(leg.server_of(scope), session_id)
                 if watch is None and leg.fleet is not None:

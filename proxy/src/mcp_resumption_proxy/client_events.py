@@ -36,6 +36,7 @@ timer while a cut stream waits.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 import time
@@ -93,13 +94,17 @@ class EventsWatch:
     seq: int = 0
     # Its push streams' threads; the response it rides on (``client_leg.Watch``:
     # whether its client is gone, how much it was written); ended already.
-    threads: list[Any] = field(default_factory=list)
+    threads: dict[str, Any] = field(default_factory=dict)  # request key -> thread
     owner: Any = None
     over: bool = False
 
     @property
     def streams(self) -> list[str]:
         return [key for key, method in self.kept.items() if method == STREAM]
+
+    @property
+    def server_name(self) -> str:
+        return self.server.partition("#")[0]
 
 
 class _Sink(EventTelemetry):
@@ -119,7 +124,7 @@ class _Sink(EventTelemetry):
 
 
 def _host_port(server: str) -> tuple[str, int | None]:
-    host, _, port = server.rpartition(":")
+    host, _, port = server.partition("#")[0].rpartition(":")
     return (host, int(port)) if host and port.isdigit() else (server, None)
 
 
@@ -154,15 +159,21 @@ class ClientEvents:
 
     # ------------------------------------------------------------ requests
 
-    def sent(self, body: bytes, server: str) -> EventsWatch | None:
+    def sent(self, body: bytes, server: str, principal: str | None = None) -> EventsWatch | None:
         """A POST about to be forwarded: its ``events/*`` requests kept (None:
-        none in it)."""
+        none in it).  ``principal``: its ``Authorization``, which tells the
+        clients of one proxy apart (the specification keys a subscription by
+        its principal; 2026-07-28 has no session): each client's threads are
+        its own, under a digest of it (kept in memory only, never exported)."""
+        if principal:
+            digest = hashlib.blake2b(principal.encode("utf-8", "replace"), digest_size=8)
+            server = f"{server}#{digest.hexdigest()}"
         try:
             parsed = json.loads(body)
         except ValueError:
             return None
         kept: dict[str, str] = {}
-        threads = []
+        threads: dict[str, Any] = {}
         outcomes = []
         for item in parsed if isinstance(parsed, list) else [parsed]:
             if not isinstance(item, dict) or item.get("method") not in METHODS:
@@ -178,7 +189,7 @@ class ClientEvents:
                                                 item.get("params"), time.monotonic())
             outcomes.append(outcome)
             if outcome.stream is not None and outcome.key is not None:
-                threads.append(outcome.key)
+                threads[key] = outcome.key
         for outcome in outcomes:
             if outcome.key is not None:
                 host, port = _host_port(server)
@@ -187,7 +198,7 @@ class ClientEvents:
         if not kept:
             return None
         watch = EventsWatch(server, kept, threads=threads)
-        for thread in threads:
+        for thread in threads.values():
             self._streaming.setdefault(thread, set()).add(watch)
         return watch
 
@@ -295,7 +306,7 @@ class ClientEvents:
         if watch.over:
             return
         watch.over = True
-        for thread in watch.threads:
+        for thread in watch.threads.values():
             streaming = self._streaming.get(thread)
             if streaming is not None:
                 streaming.discard(watch)
@@ -309,7 +320,10 @@ class ClientEvents:
         outcomes = []
         with self._lock:
             for key in watch.streams:
-                outcomes.append(self.ledger.stream_ended(watch.server, key, cut, now))
+                # Another stream of the thread still open here (two of one
+                # client's): nothing waits for a reopen of this one.
+                alone = not self._streaming.get(watch.threads.get(key))
+                outcomes.append(self.ledger.stream_ended(watch.server, key, cut and alone, now))
         for outcome in outcomes:
             self._found(outcome)
         if cut:

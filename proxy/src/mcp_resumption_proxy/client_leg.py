@@ -280,7 +280,8 @@ class ClientLeg:
     # ------------------------------------------------------------ responses
 
     def watch_post(
-        self, body: bytes, server: str, session: str | None, protocol: str | None
+        self, body: bytes, server: str, session: str | None, protocol: str | None,
+        principal: str | None = None,
     ) -> Watch | None:
         """A POST about to be forwarded: what its response is to answer (None:
         no request in it).  Also where a re-issue or a cancel is seen."""
@@ -288,7 +289,7 @@ class ClientLeg:
             self._sent(body, session)
         if b'"method"' not in body or b'"id"' not in body:
             return None
-        events = self.events.sent(body, server) if b'"events/' in body else None
+        events = self.events.sent(body, server, principal) if b'"events/' in body else None
         # A push stream or a poll of the Events extension is resumed with its
         # cursor, which the events' ledger judges: never a call to lose here.
         requests = [r for r in requests_in(body) if r[1] not in _RESUMED_BY_CURSOR]
