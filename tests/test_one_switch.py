@@ -67,7 +67,9 @@ def test_a_client_imports_nothing_of_the_server_half(server):
     modules = modules_of_a_client(server, "")
     assert {m for m in modules if m.startswith(SERVER_HALF)} == {SERVER_HALF}
     # the control: the client half did load, and saw the server
-    assert {f"{PACKAGE}.processor", f"{PACKAGE}.tracker", f"{PACKAGE}.patches.http"} <= modules
+    assert {
+        f"{PACKAGE}.owner.processor", f"{PACKAGE}.tracking.tracker", f"{PACKAGE}.patches.http"
+    } <= modules
 
 
 def test_the_client_half_switched_off_loads_none_of_its_modules(server):
