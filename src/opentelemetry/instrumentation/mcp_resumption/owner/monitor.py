@@ -176,7 +176,7 @@ class ResumptionMonitor(
             if follows_events(facts.body):
                 self.events_sent(facts)
             session_id = facts.session_id or facts.legacy_session_id
-            if self.tracker.broken.awaits(facts.server):
+            if facts.server in self.tracker.broken.awaited_servers:
                 # Matched as it is sent: its answer may come after the window.
                 step = self.tracker.reissued(
                     facts.server, session_id, facts.path, facts.body, facts.protocol_version
@@ -216,15 +216,20 @@ class ResumptionMonitor(
         the legacy transport shows itself only by its first event
         (``endpoint``), so that stream is a *candidate* (``stream`` None),
         promoted or let go at its first event (:meth:`promote`)."""
-        self._deferred.run()  # a stream that ended in a finalizer, before this one opens
+        if self._deferred.calls:  # a stream that ended in a finalizer, before this one opens
+            self._deferred.run()
         if not (facts.mcp or response_session_id or response_mcp):
             if event_stream and facts.method == "GET" and status < 300:
                 candidate = StreamContext(facts, None, sc.TRANSPORT_SSE)
                 candidate.status = status
                 return candidate
             return None
-        self.server_seen(facts.host, facts.port)
-        self.fleet_seen()
+        # Each once: the first answer of a server, of any server (a set's
+        # lookup here, no call, for every later request).
+        if (facts.host, facts.port) not in self.telemetry.servers_seen:
+            self.server_seen(facts.host, facts.port)
+        if not self._fleet_swept:
+            self.fleet_seen()
         if facts.tasks and status == 404 and facts.session_id:
             self.session_gone(facts)  # a 2025-11-25 server's tasks went with it
         if resume is None and facts.last_event_id is not None:
@@ -318,7 +323,8 @@ class ResumptionMonitor(
             sent=requests if requests != [] and event_stream else (),
             operation=self._timed(facts),
         )
-        self._deferred.start()  # its iterator may be finalised by the GC
+        if self._deferred.worker is None:  # its iterator may be finalised by the GC
+            self._deferred.start()
         # This resume took over the requests that earlier attempts handed to
         # the lineage: those attempts are over, with the gaps they had.
         continued, stream.continued = stream.continued, ()

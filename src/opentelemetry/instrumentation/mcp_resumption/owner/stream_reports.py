@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..telemetry.facts import legacy_session_from_endpoint
 from ..telemetry.instruments import EVENTS_BATCH, EVENTS_BATCH_SECONDS
 from ..tracking.tracker import NOTHING, Step
-from .deferral import collecting
+from .deferral import collecting, collecting_threads
 
 if TYPE_CHECKING:  # annotations only
     import contextvars
@@ -143,9 +143,20 @@ class StreamReports:
     ) -> None:
         """The stream ended; ``clean``: its body ended normally, not by a
         read error (a server closing a polling stream on purpose)."""
-        if context.stream is None:
+        stream = context.stream
+        if stream is None:
             return  # a candidate never promoted: not MCP, nothing to report
-        if collecting():
+        if stream.ended and stream.check is None and not context.facts.events:
+            # Told already: the response's close, then its loop's own end (the
+            # MCP SDKs close a POST's response, then its iterator).  The
+            # tracker finds nothing at a second end of a stream that is no
+            # resume; only events the iterator still handed out after the
+            # close are left to count.
+            feed = context.feed
+            if context.uncounted or (feed is not None and feed.count() != feed.counted):
+                self.telemetry.count_events(context)
+            return
+        if collecting_threads and collecting():
             # An iterator finalised by the GC, maybe at an allocation made while
             # this thread holds the tracker's or the SDK's lock: report later.
             self._deferred.put(self._ended, context, reason, closed_by_client, clean)
@@ -158,7 +169,8 @@ class StreamReports:
         self.telemetry.count_events(context)
         if context.feed is not None:
             self.telemetry.event_totals.unwatch(context)
-        self._deadlines.cancel(context.deadline)
+        if context.deadline is not None:
+            self._deadlines.cancel(context.deadline)
         held_open = bool(context.started) and (
             time.monotonic() - context.started >= self.settings.confirm_timeout
         )
@@ -179,6 +191,8 @@ class StreamReports:
         the lineage: a client that does not resume it within the retry it was
         asked for and the confirmation window has stopped resuming them, and
         they are orphaned then (the ended attempt closes with them)."""
+        if step is NOTHING:
+            return
         self._apply(context, step)
         if step.held:
             self._held[context.stream.key] = context

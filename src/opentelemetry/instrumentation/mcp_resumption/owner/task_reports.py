@@ -76,7 +76,11 @@ def follows_tasks(body: bytes) -> bool:
     few byte searches, no parse."""
     if _TASK_METHOD in body or _DISCOVER in body or _TOOLS_LIST in body:
         return True
-    return _TOOLS_CALL in body and any(opt_in in body for opt_in in _OPT_INS)
+    if _TOOLS_CALL in body:
+        for opt_in in _OPT_INS:  # a loop, not any(): no generator per request
+            if opt_in in body:
+                return True
+    return False
 
 
 class TaskReports:

@@ -67,13 +67,14 @@ class Feed:
     one.  Read under the tracker's lock, from any thread; the iterator's
     appends are atomic."""
 
-    __slots__ = ("_count", "_reader", "counted", "held", "last_raw_id", "ring", "tap")
+    __slots__ = ("_reader", "count", "counted", "held", "last_raw_id", "ring", "tap")
 
     def __init__(self, ring: deque) -> None:
         self.ring = ring
         self._reader: Callable[[], Any] = lambda: None
-        # Events handed out: read from the iterator's own count (count_by).
-        self._count: Callable[[], int] = lambda: 0
+        # Events handed out: the iterator's own count, read by calling this
+        # (``count_by`` hands it; an attribute, not a method: one call less).
+        self.count: Callable[[], int] = lambda: 0
         # Events already added to the event totals.
         self.counted = 0
         # Set by the iterator once it knows (it ended, or was cancelled): the
@@ -90,16 +91,13 @@ class Feed:
     def count_by(self, count: Callable[[], int]) -> None:
         """The iterator counts its events where this reads them: a variable
         of its closure, the cheapest count per event."""
-        self._count = count
-
-    def count(self) -> int:
-        return self._count()
+        self.count = count
 
     def freeze(self) -> None:
         """Uninstrumented: the count stays what the totals hold already, as
         the iterator may go on counting."""
         counted = self.counted
-        self._count = lambda: counted
+        self.count = lambda: counted
 
     def holding(self) -> bool:
         """The application was handed the last event and has not asked for
@@ -132,6 +130,8 @@ class Feed:
         # As many as it holds now (appends may go on meanwhile; only the
         # tracker, under its lock, takes from it): an empty ring, the common
         # case at a stream's end, raises nothing.
+        if not ring:
+            return [], self.holding()
         raws = [ring.popleft() for _ in range(len(ring))]
         if self.tap is not None and raws:
             self.tap(raws)

@@ -142,7 +142,10 @@ class Requests:
             self.operations_done.append((op[0], broken.key, op[1], error))
 
     def take_operations(self) -> list[Operation]:
-        done, self.operations_done = self.operations_done, []
+        # Emptied in place: the tracker hands this very list to the monitor,
+        # which tests it after each report without a call.
+        done = self.operations_done[:]
+        self.operations_done.clear()
         return done
 
 
@@ -220,5 +223,6 @@ class Reissues:
         self.tool_hints[server] = known
 
     def take_ran_twice(self) -> list[Broken]:
-        found, self.ran_twice = self.ran_twice, []
+        found = self.ran_twice[:]
+        self.ran_twice.clear()  # in place: the tracker hands out this list
         return found

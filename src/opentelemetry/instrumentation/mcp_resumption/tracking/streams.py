@@ -145,7 +145,7 @@ class StreamLife:
             if self.reissues.watched:
                 self.reissues.answers_seen(session, responses)
         broken = self.broken
-        if broken and (responses or unreadable):
+        if (responses or unreadable) and broken:
             answered = (
                 broken.unreadable(session) if unreadable else broken.answered(session, responses)
             )

@@ -98,6 +98,8 @@ class Tracker(RequestSide):
         self.subscriptions = SubscriptionLedger()
         self.requests = Requests(self.subscriptions)
         self.reissues = Reissues()
+        self.operations_done = self.requests.operations_done
+        self.ran_twice_found = self.reissues.ran_twice
         self.breaks = Breaks(self.requests, self.subscriptions)
         # Broken requests awaiting their fate (see ``fates``).
         self.broken = self.breaks.broken
@@ -313,7 +315,12 @@ class Tracker(RequestSide):
         feed's earlier events are folded in first, then this one
         (``normalise`` builds its record, in order)."""
         with self._lock:
-            self.life.fold(stream)
+            feed = stream.feed
+            if feed is not None and feed.ring:
+                # (An empty ring leaves the fold nothing but the take of the
+                # event before, which ``received`` makes: the iterator that
+                # reports this one is running, so it holds none.)
+                self.life.fold(stream)
             event = normalise(raw)
             if event.retry is not None:
                 stream.retry(event.retry)
