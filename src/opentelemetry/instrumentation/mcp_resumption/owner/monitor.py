@@ -34,6 +34,7 @@ telemetry sink, redaction and timer it drives; none of those imports it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -57,7 +58,12 @@ from .event_reports import EventReports, follows_events
 from .findings import Findings
 from .hops import Hops, _Hop
 from .stream_reports import StreamReports
-from .task_reports import TaskReports, follows_tasks
+from .task_reports import TASK_MARKERS, TaskReports, follows_tasks
+
+# A body with none of these is followed by neither ledger (``follows_tasks``
+# and ``follows_events`` both False): one search, no call, for most
+# requests.  The events' marker is ``follows_events``'s (``"events/``).
+_FOLLOWED = re.compile(b"|".join(re.escape(marker) for marker in (*TASK_MARKERS, b'"events/')))
 
 
 class ResumptionMonitor(
@@ -171,10 +177,11 @@ class ResumptionMonitor(
         A request that does not show MCP itself gets its span, if its answer
         does, when the answer arrives."""
         if facts.body is not None:
-            if follows_tasks(facts.body):
-                self.tasks_sent(facts)
-            if follows_events(facts.body):
-                self.events_sent(facts)
+            if _FOLLOWED.search(facts.body) is not None:
+                if follows_tasks(facts.body):
+                    self.tasks_sent(facts)
+                if follows_events(facts.body):
+                    self.events_sent(facts)
             session_id = facts.session_id or facts.legacy_session_id
             if facts.server in self.tracker.broken.awaited_servers:
                 # Matched as it is sent: its answer may come after the window.
@@ -310,18 +317,22 @@ class ResumptionMonitor(
         session_id = response_session_id or facts.session_id
         body = facts.body
         requests = facts.ledger()
+        # A push stream (events/stream) carries no answer anyone awaits.
+        carries = []
+        for key, method in requests or ():  # a loop, not a comprehension: no frame
+            if method != EVENTS_STREAM:
+                carries.append(key)
         stream = self.tracker.open_stream(
             facts.server,
             transport,
             session_id=session_id,
             request_session_id=facts.session_id,
             last_event_id=facts.last_event_id,
-            # A push stream (events/stream) carries no answer anyone awaits.
-            carries=[key for key, method in requests or () if method != EVENTS_STREAM],
+            carries=carries,
             path=facts.path,
             body=body,
             sent=requests if requests != [] and event_stream else (),
-            operation=self._timed(facts),
+            operation=facts if self.settings.operation_metric else None,  # (_timed)
         )
         if self._deferred.worker is None:  # its iterator may be finalised by the GC
             self._deferred.start()

@@ -166,9 +166,7 @@ class StreamReports:
     def _ended(
         self, context: StreamContext, reason: str, closed_by_client: bool, clean: bool
     ) -> None:
-        self.telemetry.count_events(context)
-        if context.feed is not None:
-            self.telemetry.event_totals.unwatch(context)
+        self.telemetry.count_events(context, ended=context.feed is not None)
         if context.deadline is not None:
             self._deadlines.cancel(context.deadline)
         held_open = bool(context.started) and (
@@ -178,7 +176,8 @@ class StreamReports:
             context.stream, reason, closed_by_client=closed_by_client, clean=clean,
             held_open=held_open,
         )
-        self._settle_end(context, step)
+        if step is not NOTHING:
+            self._settle_end(context, step)
         if context.facts.events:
             self.events_stream_ended(context, closed_by_client)
         if self.tracker.operations_done:

@@ -106,7 +106,8 @@ class BrokenLedger:
     def __init__(self) -> None:
         self._entries: dict[tuple[int, str], Broken] = {}
         # server -> entries there: what a request to that server may re-issue
-        # (read as it is, without a call, as each request is sent)
+        # (read as it is, without a call, as each request is sent; empty
+        # exactly when the ledger is)
         self.awaited_servers: dict[str, int] = {}
 
     def __bool__(self) -> bool:

@@ -131,7 +131,9 @@ class RequestSide:
         """The operations ended since the last call: (method, request key,
         the caller's record of the request, error.type or None)."""
         with self._lock:
-            return self.requests.take_operations()
+            done = self.operations_done[:]  # (``Requests.take_operations``)
+            self.operations_done.clear()
+            return done
 
     @property
     def watches_reissues(self) -> bool:

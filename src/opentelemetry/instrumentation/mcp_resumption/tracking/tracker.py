@@ -165,7 +165,7 @@ class Tracker(RequestSide):
         ids of a stream without a session: never a whole origin.  ``sent``:
         the requests POSTed with it, as ``request_sent`` takes them (one
         lock for both), with their ``operation``."""
-        cursor = bounded_id(last_event_id) or None
+        cursor = (bounded_id(last_event_id) or None) if last_event_id else None
         claimed = request_session_id if request_session_id is not None else session_id
         index = self.index
         sharing = self.sharing
@@ -186,7 +186,10 @@ class Tracker(RequestSide):
             if sent != ():
                 session = index.session(server, session_id, path)
                 self.requests.sent(session, sent, operation)
-            self._flush(fold=cursor is not None)
+            if cursor is not None:
+                self._flush(fold=True)
+            elif index.dirty:
+                index.flush()  # (``_flush``: nothing fed to fold)
             previous = index.owner(server, cursor, claimed, path) if cursor else None
             restored_breaks: tuple[Broken, ...] = ()
             if previous is None and shared is not None:
