@@ -161,12 +161,12 @@ class StreamReports:
             # this thread holds the tracker's or the SDK's lock: report later.
             self._deferred.put(self._ended, context, reason, closed_by_client, clean)
             return
-        self._ended(context, reason, closed_by_client, clean)
-
-    def _ended(
-        self, context: StreamContext, reason: str, closed_by_client: bool, clean: bool
-    ) -> None:
-        self.telemetry.count_events(context, ended=context.feed is not None)
+        # The events not yet in the totals, into them, and the feed no longer
+        # watched (``TelemetrySink.count_events``, written out: every stream
+        # ends here).
+        self.telemetry.event_totals.count(context, context.uncounted, context.feed is not None)
+        context.uncounted = 0
+        context.counted_at = time.monotonic()
         if context.deadline is not None:
             self._deadlines.cancel(context.deadline)
         held_open = bool(context.started) and (
@@ -184,6 +184,13 @@ class StreamReports:
             self._operations_ended()
         if self.tracker.ran_twice_found:
             self._report_ran_twice()
+
+    def _ended(
+        self, context: StreamContext, reason: str, closed_by_client: bool, clean: bool
+    ) -> None:
+        """An end reported during a garbage collection, made later (from
+        ``Deferred.run``, where nothing collects)."""
+        self.ended(context, reason, closed_by_client=closed_by_client, clean=clean)
 
     def _settle_end(self, context: StreamContext, step: Step) -> None:
         """Apply what a stream's end found.  Requests still pending go on with

@@ -175,7 +175,7 @@ TOOL_ERROR = "tool_error"
 # Where a text may hold such a result: the SDKs write "isError":false into
 # every tool result, so the key alone would parse each one.  JSON allows
 # whitespace around the colon.
-_TOOL_FAILED = re.compile(r'"isError"\s*:\s*true')
+TOOL_FAILED = re.compile(r'"isError"\s*:\s*true')
 _TOOL_FAILED_BYTES = re.compile(rb'"isError"\s*:\s*true')
 
 
@@ -189,7 +189,7 @@ def answer_errors(text: str | bytes | None) -> dict[str, str]:
     if isinstance(text, bytes):
         if b'"error"' not in text and not _TOOL_FAILED_BYTES.search(text):
             return {}
-    elif '"error"' not in text and not _TOOL_FAILED.search(text):
+    elif '"error"' not in text and not TOOL_FAILED.search(text):
         return {}
     failed = {}
     for message in _messages(text) or ():

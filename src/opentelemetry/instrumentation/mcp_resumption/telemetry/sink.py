@@ -188,10 +188,8 @@ class TelemetrySink(CallTelemetry, TaskTelemetry, EventTelemetry):
                     self._attempts.add(0, attributes)
         self.tasks_seen(server)
 
-    def count_events(self, context: StreamContext, ended: bool = False) -> None:
-        """The events of ``context``'s stream not yet in the totals, into
-        them; ``ended``: its feed is no longer watched (the stream ended)."""
-        self.event_totals.count(context, context.uncounted, ended)  # one lock for all
+    def count_events(self, context: StreamContext) -> None:
+        self.event_totals.count(context, context.uncounted)  # one lock for both
         context.uncounted = 0
         context.counted_at = time.monotonic()
 

@@ -28,6 +28,7 @@ from ..rules.jsonrpc import (
     EVENTS_POLL,
     EVENTS_STREAM,
     LISTEN,
+    TOOL_FAILED,
     TOOLS_CALL,
     answer_errors,
     tool_hints_in,
@@ -126,7 +127,12 @@ class Requests:
             op = ops.pop(key, None)
             if op is not None:
                 if failed is None:
-                    failed = answer_errors(data)
+                    # (``answer_errors``' own test first, written out: most
+                    # answers hold no error, and pay no call)
+                    if '"error"' in data or TOOL_FAILED.search(data):
+                        failed = answer_errors(data)
+                    else:
+                        failed = {}
                 self.operations_done.append((op[0], key, op[1], failed.get(key)))
         if not ops:
             session.ops = None
