@@ -146,12 +146,18 @@ class StreamReports:
         stream = context.stream
         if stream is None:
             return  # a candidate never promoted: not MCP, nothing to report
-        if stream.ended and stream.check is None and not context.facts.events:
+        if (
+            stream.ended
+            and stream.check is None
+            and not context.facts.events
+            and not self.tracker.store.shared
+        ):
             # Told already: the response's close, then its loop's own end (the
             # MCP SDKs close a POST's response, then its iterator).  The
             # tracker finds nothing at a second end of a stream that is no
-            # resume; only events the iterator still handed out after the
-            # close are left to count.
+            # resume (with shared state it hands the store what this end
+            # says: that path stays); only events the iterator still handed
+            # out after the close are left to count.
             feed = context.feed
             if context.uncounted or (feed is not None and feed.count() != feed.counted):
                 self.telemetry.count_events(context)
