@@ -446,15 +446,29 @@ def test_the_one_pass_header_reader_gives_what_headers_get_gives(pairs):
     import httpx
     import httpx2
 
-    from opentelemetry.instrumentation.mcp_resumption.patches.http import _headers
+    from opentelemetry.instrumentation.mcp_resumption.patches.http import (
+        MAX_HEADER_LENGTH,
+        _headers,
+    )
+    from opentelemetry.instrumentation.mcp_resumption.tracking.tracker import bounded_id
 
     names = frozenset((b"last-event-id", b"mcp-session-id", b"content-type"))
+    kept = frozenset((b"last-event-id", b"mcp-session-id"))
     for library in (httpx, httpx2):
         headers = library.Headers(pairs)
         for view in (headers, _RawOnly(headers)):
             found = _headers(view, names)
             for name in names:
                 assert found.get(name) == headers.get(name.decode()), (library, name)
+            # Those it keeps: stripped, cut, None when empty, a session id bounded.
+            found = _headers(view, names, kept)
+            for name in names:
+                value = headers.get(name.decode())
+                if name in kept and value is not None:
+                    value = value.strip()[:MAX_HEADER_LENGTH] or None
+                    if name == b"mcp-session-id":
+                        value = bounded_id(value)
+                assert found.get(name) == value, (library, name)
 
 
 _JSON_VALUES = st.recursive(

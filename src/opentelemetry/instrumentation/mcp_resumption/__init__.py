@@ -172,13 +172,19 @@ class McpResumptionInstrumentor(BaseInstrumentor):
         self._kwargs = kwargs
         self._lock = threading.Lock()
         installation = self._installation = Installation()
+        given = ("processor", "tracer_provider", "meter_provider", "logger_provider")
+        # Set up by hand: as before, at once, and each library's methods
+        # wrapped with the real patch itself (no forwarder to call through on
+        # every call); else a forwarder each, until the first MCP request.
+        real = self._open() if any(kwargs.get(key) is not None for key in given) else {}
         for module_name, _, _, names in SITES:
             installation.on_import(
-                module_name, [(name, self._forwarder(module_name, name)) for name in names]
+                module_name,
+                [
+                    (name, real.get((module_name, name)) or self._forwarder(module_name, name))
+                    for name in names
+                ],
             )
-        given = ("processor", "tracer_provider", "meter_provider", "logger_provider")
-        if any(kwargs.get(key) is not None for key in given):
-            self._open()  # set up by hand: as before, at once
 
     def _forwarder(self, module_name: str, name: str) -> Any:
         key = (module_name, name)

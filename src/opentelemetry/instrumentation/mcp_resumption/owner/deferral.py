@@ -24,21 +24,22 @@ from typing import Any
 
 _logger = logging.getLogger(__name__)
 
-# Threads inside a collection right now.  A set of ints: the GC callback
+# Threads inside a collection right now (tested for emptiness before
+# ``collecting()`` is called: a report pays no call).  A set of ints: the GC callback
 # runs on every collection, so it must be cheap and allocate little.
-_collecting: set[int] = set()
+collecting_threads: set[int] = set()
 
 
 def _on_collection(phase: str, info: dict[str, int]) -> None:
     if phase == "start":
-        _collecting.add(threading.get_ident())
+        collecting_threads.add(threading.get_ident())
     else:
-        _collecting.discard(threading.get_ident())
+        collecting_threads.discard(threading.get_ident())
 
 
 def collecting() -> bool:
     """Whether this thread is inside a garbage collection (so in a finalizer)."""
-    return bool(_collecting) and threading.get_ident() in _collecting
+    return bool(collecting_threads) and threading.get_ident() in collecting_threads
 
 
 if _on_collection not in gc.callbacks:
@@ -49,27 +50,30 @@ class Deferred:
     """Calls queued where nothing may block, made where something may."""
 
     def __init__(self) -> None:
-        self._calls: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = (
+        # The queue and the worker are tested by the owner before it calls
+        # ``run()`` or ``start()``: a request pays no call when there is
+        # nothing to run and the worker runs.
+        self.calls: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = (
             collections.deque()
         )
         # SimpleQueue.put is documented as safe in finalizers and signal handlers.
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._worker: threading.Thread | None = None
+        self.worker: threading.Thread | None = None
         self._closed = False
 
     def put(self, call: Callable[..., Any], *args: Any) -> None:
         """Queue ``call(*args)``.  Takes no lock and starts no thread."""
-        self._calls.append((call, args))
+        self.calls.append((call, args))
         self._wake.put(None)
 
     def run(self) -> None:
         """Make every queued call, in order.  Only where blocking is safe."""
-        if not self._calls:
+        if not self.calls:
             return
         with self._lock:  # so that a caller returns only once every call was made
-            while self._calls:
-                call, args = self._calls.popleft()
+            while self.calls:
+                call, args = self.calls.popleft()
                 try:
                     call(*args)
                 except Exception:  # a deferred report must not kill the worker
@@ -77,22 +81,22 @@ class Deferred:
 
     def start(self) -> None:
         """Start the worker, if it is not running (a forked child has none)."""
-        if self._closed or self._worker is not None:
+        if self._closed or self.worker is not None:
             return
-        self._worker = threading.Thread(
+        self.worker = threading.Thread(
             target=self._work, name="mcp-resumption-deferred", daemon=True
         )
-        self._worker.start()
+        self.worker.start()
 
     def close(self) -> None:
         self._closed = True
         self.run()
         self._wake.put(None)
-        join_worker(self._worker)
+        join_worker(self.worker)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at the fork
-        self._worker = None
+        self.worker = None
 
     def _work(self) -> None:
         while not self._closed:

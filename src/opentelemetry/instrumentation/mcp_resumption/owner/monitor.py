@@ -34,6 +34,7 @@ telemetry sink, redaction and timer it drives; none of those imports it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -57,7 +58,12 @@ from .event_reports import EventReports, follows_events
 from .findings import Findings
 from .hops import Hops, _Hop
 from .stream_reports import StreamReports
-from .task_reports import TaskReports, follows_tasks
+from .task_reports import TASK_MARKERS, TaskReports, follows_tasks
+
+# A body with none of these is followed by neither ledger (``follows_tasks``
+# and ``follows_events`` both False): one search, no call, for most
+# requests.  The events' marker is ``follows_events``'s (``"events/``).
+_FOLLOWED = re.compile(b"|".join(re.escape(marker) for marker in (*TASK_MARKERS, b'"events/')))
 
 
 class ResumptionMonitor(
@@ -171,12 +177,13 @@ class ResumptionMonitor(
         A request that does not show MCP itself gets its span, if its answer
         does, when the answer arrives."""
         if facts.body is not None:
-            if follows_tasks(facts.body):
-                self.tasks_sent(facts)
-            if follows_events(facts.body):
-                self.events_sent(facts)
+            if _FOLLOWED.search(facts.body) is not None:
+                if follows_tasks(facts.body):
+                    self.tasks_sent(facts)
+                if follows_events(facts.body):
+                    self.events_sent(facts)
             session_id = facts.session_id or facts.legacy_session_id
-            if self.tracker.broken.awaits(facts.server):
+            if facts.server in self.tracker.broken.awaited_servers:
                 # Matched as it is sent: its answer may come after the window.
                 step = self.tracker.reissued(
                     facts.server, session_id, facts.path, facts.body, facts.protocol_version
@@ -216,15 +223,20 @@ class ResumptionMonitor(
         the legacy transport shows itself only by its first event
         (``endpoint``), so that stream is a *candidate* (``stream`` None),
         promoted or let go at its first event (:meth:`promote`)."""
-        self._deferred.run()  # a stream that ended in a finalizer, before this one opens
+        if self._deferred.calls:  # a stream that ended in a finalizer, before this one opens
+            self._deferred.run()
         if not (facts.mcp or response_session_id or response_mcp):
             if event_stream and facts.method == "GET" and status < 300:
                 candidate = StreamContext(facts, None, sc.TRANSPORT_SSE)
                 candidate.status = status
                 return candidate
             return None
-        self.server_seen(facts.host, facts.port)
-        self.fleet_seen()
+        # Each once: the first answer of a server, of any server (a set's
+        # lookup here, no call, for every later request).
+        if (facts.host, facts.port) not in self.telemetry.servers_seen:
+            self.server_seen(facts.host, facts.port)
+        if not self._fleet_swept:
+            self.fleet_seen()
         if facts.tasks and status == 404 and facts.session_id:
             self.session_gone(facts)  # a 2025-11-25 server's tasks went with it
         if resume is None and facts.last_event_id is not None:
@@ -305,20 +317,25 @@ class ResumptionMonitor(
         session_id = response_session_id or facts.session_id
         body = facts.body
         requests = facts.ledger()
+        # A push stream (events/stream) carries no answer anyone awaits.
+        carries = []
+        for key, method in requests or ():  # a loop, not a comprehension: no frame
+            if method != EVENTS_STREAM:
+                carries.append(key)
         stream = self.tracker.open_stream(
             facts.server,
             transport,
             session_id=session_id,
             request_session_id=facts.session_id,
             last_event_id=facts.last_event_id,
-            # A push stream (events/stream) carries no answer anyone awaits.
-            carries=[key for key, method in requests or () if method != EVENTS_STREAM],
+            carries=carries,
             path=facts.path,
             body=body,
             sent=requests if requests != [] and event_stream else (),
-            operation=self._timed(facts),
+            operation=facts if self.settings.operation_metric else None,  # (_timed)
         )
-        self._deferred.start()  # its iterator may be finalised by the GC
+        if self._deferred.worker is None:  # its iterator may be finalised by the GC
+            self._deferred.start()
         # This resume took over the requests that earlier attempts handed to
         # the lineage: those attempts are over, with the gaps they had.
         continued, stream.continued = stream.continued, ()

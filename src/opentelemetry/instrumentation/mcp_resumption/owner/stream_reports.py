@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..telemetry.facts import legacy_session_from_endpoint
 from ..telemetry.instruments import EVENTS_BATCH, EVENTS_BATCH_SECONDS
 from ..tracking.tracker import NOTHING, Step
-from .deferral import collecting
+from .deferral import collecting, collecting_threads
 
 if TYPE_CHECKING:  # annotations only
     import contextvars
@@ -143,22 +143,38 @@ class StreamReports:
     ) -> None:
         """The stream ended; ``clean``: its body ended normally, not by a
         read error (a server closing a polling stream on purpose)."""
-        if context.stream is None:
+        stream = context.stream
+        if stream is None:
             return  # a candidate never promoted: not MCP, nothing to report
-        if collecting():
+        if (
+            stream.ended
+            and stream.check is None
+            and not context.facts.events
+            and not self.tracker.store.shared
+        ):
+            # Told already: the response's close, then its loop's own end (the
+            # MCP SDKs close a POST's response, then its iterator).  The
+            # tracker finds nothing at a second end of a stream that is no
+            # resume (with shared state it hands the store what this end
+            # says: that path stays); only events the iterator still handed
+            # out after the close are left to count.
+            feed = context.feed
+            if context.uncounted or (feed is not None and feed.count() != feed.counted):
+                self.telemetry.count_events(context)
+            return
+        if collecting_threads and collecting():
             # An iterator finalised by the GC, maybe at an allocation made while
             # this thread holds the tracker's or the SDK's lock: report later.
             self._deferred.put(self._ended, context, reason, closed_by_client, clean)
             return
-        self._ended(context, reason, closed_by_client, clean)
-
-    def _ended(
-        self, context: StreamContext, reason: str, closed_by_client: bool, clean: bool
-    ) -> None:
-        self.telemetry.count_events(context)
-        if context.feed is not None:
-            self.telemetry.event_totals.unwatch(context)
-        self._deadlines.cancel(context.deadline)
+        # The events not yet in the totals, into them, and the feed no longer
+        # watched (``TelemetrySink.count_events``, written out: every stream
+        # ends here).
+        self.telemetry.event_totals.count(context, context.uncounted, context.feed is not None)
+        context.uncounted = 0
+        context.counted_at = time.monotonic()
+        if context.deadline is not None:
+            self._deadlines.cancel(context.deadline)
         held_open = bool(context.started) and (
             time.monotonic() - context.started >= self.settings.confirm_timeout
         )
@@ -166,7 +182,8 @@ class StreamReports:
             context.stream, reason, closed_by_client=closed_by_client, clean=clean,
             held_open=held_open,
         )
-        self._settle_end(context, step)
+        if step is not NOTHING:
+            self._settle_end(context, step)
         if context.facts.events:
             self.events_stream_ended(context, closed_by_client)
         if self.tracker.operations_done:
@@ -174,11 +191,20 @@ class StreamReports:
         if self.tracker.ran_twice_found:
             self._report_ran_twice()
 
+    def _ended(
+        self, context: StreamContext, reason: str, closed_by_client: bool, clean: bool
+    ) -> None:
+        """An end reported during a garbage collection, made later (from
+        ``Deferred.run``, where nothing collects)."""
+        self.ended(context, reason, closed_by_client=closed_by_client, clean=clean)
+
     def _settle_end(self, context: StreamContext, step: Step) -> None:
         """Apply what a stream's end found.  Requests still pending go on with
         the lineage: a client that does not resume it within the retry it was
         asked for and the confirmation window has stopped resuming them, and
         they are orphaned then (the ended attempt closes with them)."""
+        if step is NOTHING:
+            return
         self._apply(context, step)
         if step.held:
             self._held[context.stream.key] = context

@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # annotations only
     from ..telemetry.sink import TelemetrySink
     from ..tracking.tracker import Tracker
 
-__all__ = ["TaskReports", "follows_tasks"]
+__all__ = ["TASK_MARKERS", "TaskReports", "follows_tasks"]
 
 # A body worth parsing for the ledger: one of these in its bytes.
 _TASK_METHOD = b'"tasks/'
@@ -60,6 +60,10 @@ _TOOLS_CALL = b'"tools/call"'
 _OPT_INS = (EXTENSION.encode(), b'"task"')
 _DISCOVER = b'"server/discover"'
 _TOOLS_LIST = b'"tools/list"'
+# A body holding none of these is one ``follows_tasks`` passes over (a
+# tools/call is followed only with an opt-in): what the monitor searches
+# for at once, with the events' marker, before it calls either.
+TASK_MARKERS = (_TASK_METHOD, _DISCOVER, _TOOLS_LIST, *_OPT_INS)
 # Answers at most this long are parsed (a completed task inlines its result).
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
 # Tasks of other processes asked of the fleet (then forgotten, and asked
@@ -76,7 +80,11 @@ def follows_tasks(body: bytes) -> bool:
     few byte searches, no parse."""
     if _TASK_METHOD in body or _DISCOVER in body or _TOOLS_LIST in body:
         return True
-    return _TOOLS_CALL in body and any(opt_in in body for opt_in in _OPT_INS)
+    if _TOOLS_CALL in body:
+        for opt_in in _OPT_INS:  # a loop, not any(): no generator per request
+            if opt_in in body:
+                return True
+    return False
 
 
 class TaskReports:

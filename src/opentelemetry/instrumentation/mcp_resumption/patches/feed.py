@@ -67,13 +67,14 @@ class Feed:
     one.  Read under the tracker's lock, from any thread; the iterator's
     appends are atomic."""
 
-    __slots__ = ("_count", "_reader", "counted", "held", "last_raw_id", "ring", "tap")
+    __slots__ = ("_reader", "count", "counted", "held", "last_raw_id", "ring", "tap")
 
     def __init__(self, ring: deque) -> None:
         self.ring = ring
         self._reader: Callable[[], Any] = lambda: None
-        # Events handed out: read from the iterator's own count (count_by).
-        self._count: Callable[[], int] = lambda: 0
+        # Events handed out: the iterator's own count, read by calling this
+        # (``count_by`` hands it; an attribute, not a method: one call less).
+        self.count: Callable[[], int] = lambda: 0
         # Events already added to the event totals.
         self.counted = 0
         # Set by the iterator once it knows (it ended, or was cancelled): the
@@ -84,22 +85,16 @@ class Feed:
         # events/stream: ``event_reports``); None for every other stream.
         self.tap: Callable[[list[Any]], Any] | None = None
 
-    def read_by(self, iterator: Any) -> None:
-        self._reader = weakref.ref(iterator)
-
     def count_by(self, count: Callable[[], int]) -> None:
         """The iterator counts its events where this reads them: a variable
         of its closure, the cheapest count per event."""
-        self._count = count
-
-    def count(self) -> int:
-        return self._count()
+        self.count = count
 
     def freeze(self) -> None:
         """Uninstrumented: the count stays what the totals hold already, as
         the iterator may go on counting."""
         counted = self.counted
-        self._count = lambda: counted
+        self.count = lambda: counted
 
     def holding(self) -> bool:
         """The application was handed the last event and has not asked for
@@ -121,9 +116,15 @@ class Feed:
 
     def normalise(self, sse: Any) -> Event:
         """The record of the next event, in order (updates the carried id)."""
-        event = normalised(sse, self.last_raw_id)
-        self.last_raw_id = sse.id
-        return event
+        raw, previous = sse.id, self.last_raw_id
+        self.last_raw_id = raw
+        # (``normalised``, written out: every event reported or folded)
+        return Event(
+            None if not raw or raw == previous else raw,
+            sse.data,
+            sse.event,
+            getattr(sse, "retry", None),
+        )
 
     def drain(self) -> tuple[list[Event], bool]:
         """The events recorded since the last drain, oldest first, and
@@ -132,6 +133,8 @@ class Feed:
         # As many as it holds now (appends may go on meanwhile; only the
         # tracker, under its lock, takes from it): an empty ring, the common
         # case at a stream's end, raises nothing.
+        if not ring:
+            return [], self.holding()
         raws = [ring.popleft() for _ in range(len(ring))]
         if self.tap is not None and raws:
             self.tap(raws)
@@ -166,23 +169,16 @@ def ended(
 ) -> None:
     """The stream's end reported to the owner, after the last event handed
     out if the application took it (``delivered``: one was)."""
-    asked_next(processor, context, delivered)
-    guarded(
-        "observing the stream end", processor.ended, context, reason,
-        closed_by_client=closed_by_client, clean=clean,
-    )
+    if delivered:
+        asked_next(processor, context, delivered)
+    try:  # ``guarded()`` written out: every stream ends here
+        processor.ended(context, reason, closed_by_client=closed_by_client, clean=clean)
+    except ResumptionGapError:
+        raise
+    except Exception:
+        fault("observing the stream end")
     # Reported: the response's close that follows has nothing left to tell.
     processor.streams.pop(response, None)
-
-
-def _report(processor: Any, context: Any, feed: Feed, sse: Any) -> None:
-    """One event of a fed stream reported as it comes (after the ring)."""
-    try:
-        processor.feed_event(context, feed, sse)
-    except ResumptionGapError:
-        raise  # enforce mode: the owner told the task's reconnect loop
-    except Exception:  # the host's read goes on whatever we got wrong
-        fault("observing an event")
 
 
 def feeding(context: Any, processor: Any) -> bool | None:
@@ -210,35 +206,57 @@ class Ends:
         self.feed = Feed(deque(maxlen=RING))
 
     def report(self, sse: Any) -> None:
-        _report(self.processor, self.context, self.feed, sse)
+        # Each event a rule must see as it comes, reported (``guarded()``
+        # written out: one call less for each).
+        try:
+            self.processor.feed_event(self.context, self.feed, sse)
+        except ResumptionGapError:
+            raise  # enforce mode: the owner told the task's reconnect loop
+        except Exception:  # the host's read goes on whatever we got wrong
+            fault("observing an event")
 
     def started(self, iterator: Any) -> Any:
         """``iterator``, the one the host reads, registered as the reader."""
         feed = self.feed
-        feed.read_by(iterator)
-        self.context.reader = feed._reader
-        guarded("observing a stream", self.processor.feed, self.context, feed)
+        feed._reader = self.context.reader = weakref.ref(iterator)
+        try:  # ``guarded()`` written out: every fed stream starts here
+            self.processor.feed(self.context, feed)
+        except ResumptionGapError:
+            raise
+        except Exception:
+            fault("observing a stream")
         return iterator
 
     def __enter__(self) -> Ends:
         return self
 
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> bool:
-        feed, processor, context, response = self.feed, self.processor, self.context, self.response
+        feed, processor, context = self.feed, self.processor, self.context
+        closed_by_client = clean = False
         if kind is None:
             # The body ended as HTTP ends one: a read error would raise.
             feed.held = False
-            ended(processor, context, response, "the stream ended", clean=True)
+            reason, clean = "the stream ended", True
         elif issubclass(kind, GeneratorExit):
             feed.held = True
-            ended(processor, context, response, "closed by the application", closed_by_client=True)
+            reason, closed_by_client = "closed by the application", True
         elif issubclass(kind, ResumptionGapError):
-            pass  # enforce mode: the application is told, the close reports the end
+            return False  # enforce mode: the application is told, the close reports the end
         elif issubclass(kind, Exception):
             # A read error (the ``yield`` raises nothing but GeneratorExit
             # from an application that iterates).
             feed.held = False
-            ended(processor, context, response, f"a read error ({kind.__name__})")
+            reason = f"a read error ({kind.__name__})"
         else:  # cancelled while waiting for the next event
             feed.held = False
+            return False
+        # ``ended()``, written out (every fed stream ends here; the feed
+        # reported no event it handed out as taken, so no ``asked_next``).
+        try:
+            processor.ended(context, reason, closed_by_client=closed_by_client, clean=clean)
+        except ResumptionGapError:
+            raise
+        except Exception:
+            fault("observing the stream end")
+        processor.streams.pop(self.response, None)
         return False

@@ -23,7 +23,7 @@ from opentelemetry import trace
 
 from ..errors import ResumptionGapError
 from ..telemetry.facts import RequestFacts, StreamContext, legacy_session_in_query
-from ..tracking.tracker import bounded_id
+from ..tracking.tracker import MAX_KEPT_ID_BYTES, bounded_id
 from . import Targets, fault, guarded
 
 if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
@@ -49,12 +49,24 @@ _REQUEST_HEADERS = frozenset(
     )
 )
 _RESPONSE_HEADERS = frozenset((b"mcp-session-id", b"mcp-protocol-version", b"content-type"))
+# The headers whose values are kept stripped and bounded (None when empty),
+# in the same pass: the others (accept, content-encoding, content-type) are
+# read as they came.
+_KEPT = frozenset(
+    (b"last-event-id", b"mcp-session-id", b"mcp-protocol-version", b"mcp-method", b"mcp-name")
+)
+_SESSION = b"mcp-session-id"
+_ID_CHARS = MAX_KEPT_ID_BYTES // 4  # at most 4 bytes a character: kept as it is
 
 
-def _headers(headers: Any, names: frozenset[bytes]) -> dict[bytes, str]:
+def _headers(
+    headers: Any, names: frozenset[bytes], kept: frozenset[bytes] = frozenset()
+) -> dict[bytes, str | None]:
     """The values of ``names`` (lower case) in ``headers``, decoded as httpx
     decodes them, a repeated header's values joined with ", " as
-    ``Headers.get`` joins them."""
+    ``Headers.get`` joins them; those of ``kept`` stripped, cut at
+    ``MAX_HEADER_LENGTH`` and None when empty, a session id as the tracker
+    keeps it (``bounded_id``)."""
     # httpx and httpx2 keep (raw key, lower-case key, value) for each header
     # in ``_list``; ``raw`` would build a list and ``lower()`` every key again.
     entries = getattr(headers, "_list", None)
@@ -70,15 +82,13 @@ def _headers(headers: Any, names: frozenset[bytes]) -> dict[bytes, str]:
                 # working it out decodes every header, so only when needed
                 text = value.decode(headers.encoding)
             found[key] = f"{found[key]}, {text}" if key in found else text
+    for key, text in found.items():  # values replaced, no key added
+        if key in kept:
+            text = text.strip()[:MAX_HEADER_LENGTH] or None
+            if key == _SESSION and text is not None and len(text) > _ID_CHARS:
+                text = bounded_id(text)
+            found[key] = text
     return found
-
-
-def _header(found: dict[bytes, str], name: bytes) -> str | None:
-    value = found.get(name)
-    if value is None:
-        return None
-    value = value.strip()
-    return value[:MAX_HEADER_LENGTH] if value else None
 
 
 def _body_requests(
@@ -115,14 +125,14 @@ def request_facts(owner: ResumptionMonitor, request: Any) -> RequestFacts | None
     is left alone at the cost of a few header lookups.  ``mcp`` says whether
     the request shows MCP itself; if not, its answer has to (see
     ``ResumptionMonitor.end_request``)."""
-    headers = _headers(request.headers, _REQUEST_HEADERS)
-    last_event_id = _header(headers, b"last-event-id")
-    session_id = bounded_id(_header(headers, b"mcp-session-id"))
+    headers = _headers(request.headers, _REQUEST_HEADERS, _KEPT)
+    last_event_id = headers.get(b"last-event-id")
+    session_id = headers.get(_SESSION)
     accept = headers.get(b"accept", "")
     url = request.url
     query = url.query.decode("ascii", "replace") if isinstance(url.query, bytes) else url.query
     legacy_session_id = legacy_session_in_query(query) if query else None
-    protocol_version = _header(headers, b"mcp-protocol-version")
+    protocol_version = headers.get(b"mcp-protocol-version")
     # Inside the MCP SDK transport's reconnect loop (its patch opens the hop
     # scope), a resume is MCP even before any session: an explicit
     # resumption token is sent with no header that shows it.
@@ -134,8 +144,15 @@ def request_facts(owner: ResumptionMonitor, request: Any) -> RequestFacts | None
     body = None
     if method == "POST" and (mcp or "text/event-stream" in accept):
         encoding = headers.get(b"content-encoding")
-        requests, body, jsonrpc = _body_requests(owner, request, mcp, encoding)
-        mcp = mcp or jsonrpc
+        try:
+            body = request.content
+        except Exception:  # streamed: ``_body_requests`` says what it is
+            body = None
+        if body and not encoding and b'"jsonrpc"' in body:
+            mcp = True  # the common case (``_body_requests``' last), no call
+        else:
+            requests, body, jsonrpc = _body_requests(owner, request, mcp, encoding)
+            mcp = mcp or jsonrpc
     if not (mcp or last_event_id or "text/event-stream" in accept):
         return None
     host = url.host or ""
@@ -155,8 +172,8 @@ def request_facts(owner: ResumptionMonitor, request: Any) -> RequestFacts | None
         query_names_session=bool(query) and "ession" in query,
         body=body,
         started=time.monotonic(),
-        mcp_method=_header(headers, b"mcp-method"),
-        mcp_name=_header(headers, b"mcp-name"),
+        mcp_method=headers.get(b"mcp-method"),
+        mcp_name=headers.get(b"mcp-name"),
     )
 
 
@@ -196,7 +213,7 @@ def _span_scope(resume: Any):
 def _observe_response(
     owner: ResumptionMonitor, facts: RequestFacts, resume: Any, response: Any
 ) -> None:
-    headers = _headers(response.headers, _RESPONSE_HEADERS)
+    headers = _headers(response.headers, _RESPONSE_HEADERS, _KEPT)
     next_request = getattr(response, "next_request", None)
     if next_request is not None and (requests := facts.ledger()):
         owner.redirected[next_request] = requests
@@ -205,7 +222,7 @@ def _observe_response(
         facts,
         resume,
         response.status_code,
-        bounded_id(_header(headers, b"mcp-session-id")),
+        headers.get(_SESSION),
         content_type.split(";", 1)[0].strip().lower() == "text/event-stream",
         response_mcp=b"mcp-protocol-version" in headers,
     )
@@ -261,7 +278,12 @@ def _send(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
         raise
     finally:
         request_scope.reset(token)
-    guarded("reading response facts", _observe_response, owner, facts, resume, response)
+    try:  # ``guarded()`` written out: this runs for every request.
+        _observe_response(owner, facts, resume, response)
+    except ResumptionGapError:
+        raise
+    except Exception:
+        fault("reading response facts")
     return response
 
 
@@ -283,22 +305,13 @@ async def _async_send(owner: ResumptionMonitor, wrapped, instance, args, kwargs)
         raise
     finally:
         request_scope.reset(token)
-    guarded("reading response facts", _observe_response, owner, facts, resume, response)
+    try:  # ``guarded()`` written out: this runs for every request.
+        _observe_response(owner, facts, resume, response)
+    except ResumptionGapError:
+        raise
+    except Exception:
+        fault("reading response facts")
     return response
-
-
-def _closed(owner: ResumptionMonitor, response: Any, orderly: bool) -> None:
-    context = owner.streams.pop(response, None)
-    if context is not None and owner.active:
-        if orderly:
-            # The application closed the response itself, in its own time: it
-            # read what it wanted and is done with the last event it was
-            # handed (it may resume from that one).  A close while an error or
-            # a cancellation is on its way out (the handler of that event was
-            # cut short) and an iterator closed before the next event leave it
-            # unconsumed: the precondition of the drain race.
-            owner.asked_next(context)
-        owner.ended(context, "closed by the application", closed_by_client=True)
 
 
 # The depths ``_inside_read`` remembers (``ResumptionMonitor.read_depths``).
@@ -342,8 +355,19 @@ def _inside_read(context: StreamContext, depths: list[int]) -> bool:
 
 def _close_seen(owner: ResumptionMonitor, instance: Any) -> None:
     context = owner.streams.get(instance)
-    if context is not None and not _inside_read(context, owner.read_depths):
-        _closed(owner, instance, sys.exc_info()[1] is None)
+    if context is None or _inside_read(context, owner.read_depths):
+        return
+    context = owner.streams.pop(instance, None)  # (not another thread's already)
+    if context is not None and owner.active:
+        if sys.exc_info()[1] is None:
+            # The application closed the response itself, in its own time: it
+            # read what it wanted and is done with the last event it was
+            # handed (it may resume from that one).  A close while an error or
+            # a cancellation is on its way out (the handler of that event was
+            # cut short) and an iterator closed before the next event leave it
+            # unconsumed: the precondition of the drain race.
+            owner.asked_next(context)
+        owner.ended(context, "closed by the application", closed_by_client=True)
 
 
 def _answer_read(owner: ResumptionMonitor, instance: Any) -> None:
@@ -375,12 +399,20 @@ def _close(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-async def _aclose(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
+def _aclose(owner: ResumptionMonitor, wrapped, instance, args, kwargs):
+    # Not a coroutine itself: what it looks at is there when the close is
+    # asked for, and the library's own coroutine is handed back as it is (a
+    # coroutine of ours would be resumed at each of its awaits).
     if instance in owner.streams:
-        guarded("observing a closed response", _close_seen, owner, instance)
+        try:  # ``guarded()`` written out: every stream is closed so
+            _close_seen(owner, instance)
+        except ResumptionGapError:
+            raise
+        except Exception:
+            fault("observing a closed response")
     elif hasattr(instance, "_mcp_resumption_answer"):
         guarded("reading a JSON answer", _answer_read, owner, instance)
-    return await wrapped(*args, **kwargs)
+    return wrapped(*args, **kwargs)
 
 
 def targets(owner: ResumptionMonitor) -> Targets:

@@ -75,7 +75,7 @@ def _httpx_sse_loop(
                         append(sse)
                     yield sse
 
-    ends.feed.count_by(lambda: count)
+    ends.feed.count = lambda: count  # (Feed.count_by)
     return loop()
 
 
@@ -116,7 +116,7 @@ def _ahttpx_sse_loop(
                 if split is not None:
                     await lines.aclose()
 
-    ends.feed.count_by(lambda: count)
+    ends.feed.count = lambda: count  # (Feed.count_by)
     return loop()
 
 
@@ -153,7 +153,7 @@ def _httpx2_loop(source: Any, names: dict, ends: Any, scan: bool) -> Iterator[An
                         append(sse)
                     yield sse
 
-    ends.feed.count_by(lambda: count)
+    ends.feed.count = lambda: count  # (Feed.count_by)
     return loop()
 
 
@@ -188,7 +188,7 @@ def _ahttpx2_loop(source: Any, names: dict, ends: Any, scan: bool) -> AsyncItera
                         append(sse)
                     yield sse
 
-    ends.feed.count_by(lambda: count)
+    ends.feed.count = lambda: count  # (Feed.count_by)
     return loop()
 
 
@@ -272,15 +272,17 @@ class OwnLoop:
     instrumentation; then, at each call, whether the function wrapt hands
     the patch is still the one verified."""
 
-    __slots__ = ("_decided", "_function", "_library", "_loop", "_method", "names")
+    __slots__ = ("_decided", "_library", "_method", "function", "loop", "names")
 
     def __init__(self, library: str, method: str) -> None:
         self._library = library
         self._method = method
         self._decided = False
-        # The function verified, and its loop; None for the fallback.
-        self._function: Any = None
-        self._loop: Loop | None = None
+        # The function verified, and its loop; None for the fallback.  (The
+        # patch compares what it is handed with ``function`` itself: a
+        # verified one needs no call of ``loop_for``.)
+        self.function: Any = None
+        self.loop: Loop | None = None
         # The verified function's module globals: what its loop takes the
         # library's parser from.
         self.names: dict = {}
@@ -292,7 +294,7 @@ class OwnLoop:
         if not self._decided:
             self._decide(function)
         # A refused function leaves _loop None: the fallback, whatever is handed.
-        return self._loop if function is self._function else None
+        return self.loop if function is self.function else None
 
     def _decide(self, function: Any) -> None:
         self._decided = True
@@ -303,4 +305,4 @@ class OwnLoop:
             loop = None
         if loop is not None:
             self.names = function.__globals__
-            self._function, self._loop = function, loop
+            self.function, self.loop = function, loop

@@ -39,20 +39,6 @@ from .own_sse import Loop, OwnLoop
 if TYPE_CHECKING:  # the owner is bound in at instrument(); no import upward
     from ..owner.monitor import ResumptionMonitor
 
-def _response_of(event_source: Any) -> Any:
-    return getattr(event_source, "response", None) or getattr(event_source, "_response", None)
-
-
-def _stream_of(owner: ResumptionMonitor, event_source: Any) -> tuple[Any, Any] | None:
-    """(the response ``event_source`` reads, its stream context) where the
-    owner observes that response; None otherwise."""
-    if not owner.active:
-        return None
-    response = _response_of(event_source)
-    context = owner.streams.get(response) if response is not None else None
-    return None if context is None else (response, context)
-
-
 def _observe(
     processor: Any, event: Any, context: Any, sse: Any, previous: str | None
 ) -> str | None:
@@ -312,15 +298,39 @@ def _iterate(
 ):
     """The patch of a library's iterator method, sync or async (``candidate``
     and ``observed``: ``_candidate`` and ``_observed`` or their async twins)."""
-    found = guarded("finding the stream", _stream_of, owner, instance)
-    if found is None:
+    # Each step ``guarded()`` written out: every stream is read through here.
+    # The response the EventSource reads (httpx-sse names it ``_response``,
+    # httpx2 ``response``), and its context where the owner observes it.
+    context = response = None
+    if owner.active:
+        try:
+            response = getattr(instance, "response", None) or getattr(
+                instance, "_response", None
+            )
+            if response is not None:
+                context = owner.streams.get(response)
+        except Exception:
+            fault("finding the stream")
+            context = None
+    if context is None:
         return wrapped(*args, **kwargs)
-    response, context = found
     if context.stream is None:
         return candidate(wrapped(*args, **kwargs), context, owner, response)
-    scan = _chosen(context, owner)
+    try:
+        scan = feeding(context, owner)
+    except Exception:
+        fault("choosing how to observe a stream")
+        scan = None
     if scan is not None and not args and not kwargs:
-        loop = guarded("choosing our own loop", own.loop_for, wrapped)
+        function = getattr(wrapped, "__func__", None)
+        if function is not None and function is own.function:
+            loop = own.loop  # verified already, and handed the very function
+        else:
+            try:
+                loop = own.loop_for(wrapped)
+            except Exception:
+                fault("choosing our own loop")
+                loop = None
         if loop is not None:
             return _own_fed(loop, own.names, instance, context, owner, response, scan)
     return observed(wrapped(*args, **kwargs), context, owner, response, scan)

@@ -106,7 +106,9 @@ class BrokenLedger:
     def __init__(self) -> None:
         self._entries: dict[tuple[int, str], Broken] = {}
         # server -> entries there: what a request to that server may re-issue
-        self._by_server: dict[str, int] = {}
+        # (read as it is, without a call, as each request is sent; empty
+        # exactly when the ledger is)
+        self.awaited_servers: dict[str, int] = {}
 
     def __bool__(self) -> bool:
         return bool(self._entries)
@@ -116,7 +118,7 @@ class BrokenLedger:
 
     def awaits(self, server: str) -> bool:
         """Whether a request to ``server`` may re-issue a broken one."""
-        return server in self._by_server
+        return server in self.awaited_servers
 
     def entry(self, session: Any, key: str) -> Broken | None:
         return self._entries.get((id(session), key))
@@ -133,7 +135,7 @@ class BrokenLedger:
             oldest = next(iter(self._entries.values()))
             decided.append(self._decide(oldest, Fate.LOST, "the tracker's bound was reached"))
         self._entries[index] = broken
-        self._by_server[broken.server] = self._by_server.get(broken.server, 0) + 1
+        self.awaited_servers[broken.server] = self.awaited_servers.get(broken.server, 0) + 1
         return decided
 
     def stop(self, session: Any, keys: Iterable[str], now: float, why: str, holder: Any) -> bool:
@@ -244,11 +246,11 @@ class BrokenLedger:
         self, broken: Broken, fate: Fate, why: str = "", by: str | None = None
     ) -> Decided:
         del self._entries[(id(broken.session), broken.key)]
-        left = self._by_server[broken.server] - 1
+        left = self.awaited_servers[broken.server] - 1
         if left:
-            self._by_server[broken.server] = left
+            self.awaited_servers[broken.server] = left
         else:
-            del self._by_server[broken.server]
+            del self.awaited_servers[broken.server]
         # Through the module: the rules can be swapped there (the mutation tests).
         rule = continuity.orphaned_request_rule
         gap = rule(broken.key, broken.method, why) if fate is Fate.LOST else None

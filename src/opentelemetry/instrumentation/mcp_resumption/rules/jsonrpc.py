@@ -53,6 +53,12 @@ def request_key(request_id: object) -> str | None:
     return "#sha256:" + hashlib.sha256(encoded).hexdigest()[:32]
 
 
+# The integer ids whose key is their decimal text within MAX_KEY_BYTES // 4
+# characters: ``request_key`` of one of these, written out where every
+# request and answer pays for it (the SDKs number their requests).
+_SHORT_INTS = (-(10 ** (MAX_KEY_BYTES // 4 - 1)), 10 ** (MAX_KEY_BYTES // 4))
+
+
 def within_limit(text: str | bytes) -> bool:
     """``text`` is at most ``MAX_PARSED_BYTES`` long in UTF-8."""
     size = len(text)
@@ -148,9 +154,11 @@ def requests_in(
     if messages is None:
         return None
     found = []
+    low, high = _SHORT_INTS
     for message in messages:
         method = message.get("method")
-        key = request_key(message.get("id"))
+        rid = message.get("id")
+        key = str(rid) if type(rid) is int and low < rid < high else request_key(rid)
         if isinstance(method, str) and key is not None:
             found.append((key, method[:64]))
             if tools is not None and method == TOOLS_CALL:
@@ -167,7 +175,7 @@ TOOL_ERROR = "tool_error"
 # Where a text may hold such a result: the SDKs write "isError":false into
 # every tool result, so the key alone would parse each one.  JSON allows
 # whitespace around the colon.
-_TOOL_FAILED = re.compile(r'"isError"\s*:\s*true')
+TOOL_FAILED = re.compile(r'"isError"\s*:\s*true')
 _TOOL_FAILED_BYTES = re.compile(rb'"isError"\s*:\s*true')
 
 
@@ -181,7 +189,7 @@ def answer_errors(text: str | bytes | None) -> dict[str, str]:
     if isinstance(text, bytes):
         if b'"error"' not in text and not _TOOL_FAILED_BYTES.search(text):
             return {}
-    elif '"error"' not in text and not _TOOL_FAILED.search(text):
+    elif '"error"' not in text and not TOOL_FAILED.search(text):
         return {}
     failed = {}
     for message in _messages(text) or ():
@@ -317,7 +325,9 @@ def responses_in(text: str | None) -> tuple[str, ...] | None:
     message = _one_object(text)
     if message is not None:  # one message, the common case: the loop below for it
         if "method" not in message and ("result" in message or "error" in message):
-            key = request_key(message.get("id"))
+            rid = message.get("id")
+            low, high = _SHORT_INTS
+            key = str(rid) if type(rid) is int and low < rid < high else request_key(rid)
             if key is not None:
                 return (key,)
         return ()

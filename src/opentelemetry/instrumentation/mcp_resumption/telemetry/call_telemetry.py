@@ -127,7 +127,8 @@ class CallTelemetry:
         if facts.port is not None:
             attributes[sc.SERVER_PORT] = facts.port
         if method == "tools/call":
-            tool = facts.tool(key) if key is not None else facts.mcp_name
+            tools = facts.tools  # (``facts.tool(key)``, written out)
+            tool = tools.get(key) if key is not None and tools else facts.mcp_name
             if tool:
                 attributes[sc.GEN_AI_TOOL_NAME] = tool[:MAX_TOOL_NAME]
         if error is not None:

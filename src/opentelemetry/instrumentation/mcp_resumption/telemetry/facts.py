@@ -109,7 +109,11 @@ class StreamContext:
         self.facts = facts
         self.stream = stream
         self.transport = transport
-        self.attributes = {sc.MCP_TRANSPORT: transport, **server_attributes(facts)}
+        # (server_attributes, written out: every stream)
+        attributes = {sc.MCP_TRANSPORT: transport, sc.SERVER_ADDRESS: facts.host}
+        if facts.port is not None:
+            attributes[sc.SERVER_PORT] = facts.port
+        self.attributes = attributes
         self.span: Any = None
         self.started = 0.0
         self.error: ResumptionGapError | None = None

@@ -60,10 +60,11 @@ class EventTotals:
     def unwatch(self, context: StreamContext) -> None:
         self._fed.pop(id(context), None)
 
-    def count(self, context: StreamContext, uncounted: int) -> None:
+    def count(self, context: StreamContext, uncounted: int, unwatch: bool = False) -> None:
         """``uncounted`` events of ``context``'s stream and those its feed
         counted since, into the totals: ``fed_events`` then ``add`` in one
-        lock acquisition (a stream's end, a batch)."""
+        lock acquisition (a stream's end, a batch); ``unwatch``: and then
+        ``unwatch`` (a fed stream's end)."""
         feed = context.feed
         with self._lock:
             if feed is not None:
@@ -73,6 +74,8 @@ class EventTotals:
             if uncounted:
                 key = context.events_key
                 self._totals[key] = self._totals.get(key, 0) + uncounted
+        if unwatch:
+            self._fed.pop(id(context), None)
 
     def fed_events(self, context: StreamContext) -> int:
         """Events counted by the stream's feed and not yet in the totals

@@ -102,7 +102,7 @@ class TelemetrySink(CallTelemetry, TaskTelemetry, EventTelemetry):
             logger_provider=logger_provider,
             schema_url=sc.SCHEMA_URL,
         )
-        self._servers_seen: set[tuple[str, int | None]] = set()
+        self.servers_seen: set[tuple[str, int | None]] = set()
         self._task_tools_seen: set[tuple[str, str, int | None, str]] = set()
         self._log_budget = LogBudget()
 
@@ -147,9 +147,9 @@ class TelemetrySink(CallTelemetry, TaskTelemetry, EventTelemetry):
         against a server would show as no gap at all.  Called at each response;
         the set makes it a lookup after the first."""
         key = (address, port)
-        if key in self._servers_seen or len(self._servers_seen) >= MAX_ZERO_SERIES_SERVERS:
+        if key in self.servers_seen or len(self.servers_seen) >= MAX_ZERO_SERIES_SERVERS:
             return
-        self._servers_seen.add(key)
+        self.servers_seen.add(key)
         self.evictions.started = True  # no series at all before the first server
         verdicts.server_seen(server_name(address, port))
         server = {sc.SERVER_ADDRESS: address}

@@ -68,7 +68,7 @@ class CursorIndex:
 
     def session(self, server: str, session_id: str | None, path: str | None = None) -> Session:
         """The session's record, made if new; to the newest end."""
-        key = session_key(server, session_id, path)
+        key = (server, session_id, None if session_id is not None else path)  # (session_key)
         session = self.sessions.get(key)
         if session is None:
             session = self.sessions[key] = Session(
@@ -134,7 +134,8 @@ class CursorIndex:
         while dirty:
             stream = dirty.pop()
             stream.dirty = False
-            stream.settle()
+            if stream.taken:  # (Stream.settle, written out: once per stream a flush)
+                stream.take()
             if streams.get(stream.key) is not stream:
                 continue  # evicted: its cursors are gone with it
             streams[stream.key] = streams.pop(stream.key)  # to the newest end
@@ -148,12 +149,17 @@ class CursorIndex:
                 wanted = (consumed, received)
             if wanted == stream.indexed:
                 continue
-            kept = _ids(wanted)
-            for event_id in _ids(stream.indexed):
+            kept = (wanted,) if isinstance(wanted, str) else wanted
+            indexed = stream.indexed
+            for event_id in (indexed,) if isinstance(indexed, str) else indexed:
                 if event_id not in kept:
                     self.unindex(stream, event_id)
+            cursors = self.cursors
             for event_id in kept:
-                self.index(stream, event_id)
+                if event_id not in cursors:  # (``index``'s first case, written out)
+                    cursors[event_id] = stream
+                else:
+                    self.index(stream, event_id)
             stream.indexed = wanted
 
     # The index is keyed by the event id alone (a tuple with the server cost

@@ -45,11 +45,12 @@ class RequestSide:
     subscriptions: SubscriptionLedger
     sharing: Sharing
 
-    @property
-    def operations_done(self) -> list[Operation]:
-        """Operations ended by an answer or a fate, not taken yet (read
-        without the lock: a test whether to take them)."""
-        return self.requests.operations_done
+    # Operations ended by an answer or a fate, not taken yet, and re-issued
+    # calls proven to have run twice, not taken yet: the rooms' own lists
+    # (emptied in place), read without the lock and without a call, as a
+    # test whether to take them after each report.
+    operations_done: list[Operation]
+    ran_twice_found: list[Broken]
 
     # ---------------------------------------------------------- requests
 
@@ -130,15 +131,13 @@ class RequestSide:
         """The operations ended since the last call: (method, request key,
         the caller's record of the request, error.type or None)."""
         with self._lock:
-            return self.requests.take_operations()
+            done = self.operations_done[:]  # (``Requests.take_operations``)
+            self.operations_done.clear()
+            return done
 
     @property
     def watches_reissues(self) -> bool:
         return bool(self.reissues.watched)
-
-    @property
-    def ran_twice_found(self) -> bool:
-        return bool(self.reissues.ran_twice)
 
     def take_ran_twice(self) -> list[Broken]:
         """Re-issued calls proven to have run twice since the last call."""

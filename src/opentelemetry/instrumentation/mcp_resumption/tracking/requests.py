@@ -28,6 +28,7 @@ from ..rules.jsonrpc import (
     EVENTS_POLL,
     EVENTS_STREAM,
     LISTEN,
+    TOOL_FAILED,
     TOOLS_CALL,
     answer_errors,
     tool_hints_in,
@@ -126,7 +127,12 @@ class Requests:
             op = ops.pop(key, None)
             if op is not None:
                 if failed is None:
-                    failed = answer_errors(data)
+                    # (``answer_errors``' own test first, written out: most
+                    # answers hold no error, and pay no call)
+                    if '"error"' in data or TOOL_FAILED.search(data):
+                        failed = answer_errors(data)
+                    else:
+                        failed = {}
                 self.operations_done.append((op[0], key, op[1], failed.get(key)))
         if not ops:
             session.ops = None
@@ -142,7 +148,10 @@ class Requests:
             self.operations_done.append((op[0], broken.key, op[1], error))
 
     def take_operations(self) -> list[Operation]:
-        done, self.operations_done = self.operations_done, []
+        # Emptied in place: the tracker hands this very list to the monitor,
+        # which tests it after each report without a call.
+        done = self.operations_done[:]
+        self.operations_done.clear()
         return done
 
 
@@ -220,5 +229,6 @@ class Reissues:
         self.tool_hints[server] = known
 
     def take_ran_twice(self) -> list[Broken]:
-        found, self.ran_twice = self.ran_twice, []
+        found = self.ran_twice[:]
+        self.ran_twice.clear()  # in place: the tracker hands out this list
         return found

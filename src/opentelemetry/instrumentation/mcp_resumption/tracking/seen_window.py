@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["SEEN_WINDOW", "SeenWindow"]
+__all__ = ["SEEN_WINDOW", "SeenWindow", "remember_packed"]
 
 SEEN_WINDOW = 16  # event ids remembered per session, for id_reused
 
@@ -189,6 +189,33 @@ class SeenWindow:
 
     def merge(self, other: SeenWindow) -> None:
         self.remember_all(list(other.items()))
+
+
+def remember_packed(owner: Any, event_id: str, digest: int | None, if_new: bool = False) -> bool:
+    """``SeenWindow(owner).remember(event_id, digest)`` on a record no view
+    holds (``owner.window`` is None), without making the view: the one
+    event remembered as it comes on a stream no resume reads.  True when
+    done; False where the view's general path is needed (an id already in
+    the window, an id holding a NUL, a record kept as a tuple).  ``if_new``:
+    an id already in the window stays where it is (True: nothing to do),
+    as ``if event_id not in seen: seen.remember(...)`` leaves it."""
+    ids = owner.seen_ids
+    if (ids is None or type(ids) is bytes) and type(event_id) is str and _SEPARATOR not in event_id:
+        raw = event_id.encode("utf-8", "surrogatepass")
+        word = _WORD.pack(_MARKER if digest is None else digest)
+        if ids is None:
+            owner.seen_ids, owner.seen_digests = raw, word
+            return True
+        if _SEP_BYTES + raw + _SEP_BYTES not in _SEP_BYTES + ids + _SEP_BYTES:
+            ids += _SEP_BYTES + raw
+            digests = owner.seen_digests + word
+            if len(digests) > _WINDOW_BYTES:
+                ids = ids[ids.index(_SEP_BYTES) + 1 :]
+                digests = digests[_WORD.size :]
+            owner.seen_ids, owner.seen_digests = ids, digests
+            return True
+        return if_new
+    return False
 
 
 class _Packed:

@@ -25,6 +25,7 @@ from .cursors import CursorIndex
 from .records import MAX_KEPT_ID_BYTES, NOTHING, Step, Stream, bounded_id
 from .requests import Reissues, Requests
 from .resumes import Resumes
+from .seen_window import remember_packed
 
 __all__ = ["StreamLife"]
 
@@ -81,20 +82,30 @@ class StreamLife:
         the lock, no parsing unless the stream is a resume under check."""
         if not event_id:
             event_id = None
-        elif len(event_id) > MAX_KEPT_ID_BYTES // 4:
+        elif len(event_id) > MAX_KEPT_ID_BYTES // 4 and not (
+            len(event_id) <= MAX_KEPT_ID_BYTES and event_id.isascii()
+        ):  # (an ASCII id within the bound is kept as it is: a uuid needs no call)
             event_id = bounded_id(event_id)
         if digest is None:
             digest = hash(data)
+        session = stream.session
         # Most events on a busy stream are notifications: skip the call.
         responses = responses_in(data) if '"result"' in data or '"error"' in data else ()
         unreadable = responses is None
         if unreadable:
             responses = ()
         priming = not data
-        stream.take()  # asking for this event took the one before
+        # Asking for this event took the one before (``Stream.take``, written
+        # out: it runs for every event reported).
+        stream.taken = False
+        if stream.unconsumed_responses:
+            session.answered(stream.unconsumed_responses)
+            stream.unconsumed_responses = ()
+        if stream.last_received is not None:
+            stream.last_consumed = stream.last_received
+            stream.consumed_data = stream.last_data
         step = NOTHING
         check = stream.check
-        session = stream.session
         if (
             check is not None
             and event_id is not None
@@ -117,16 +128,22 @@ class StreamLife:
             )
             step = self.resumes.run(stream, lambda: check.on_event(event))
         if event_id is not None:
+            # Where no resume holds the session's window, the packed record
+            # takes a new id as it is (``remember_packed``: no view made).
+            packed = session.window is None
             if data:
-                session.seen.remember(event_id, digest)
+                if not (packed and remember_packed(session, event_id, digest)):
+                    session.seen.remember(event_id, digest)
             else:
                 # A marker carries no content to compare, but its id shows
                 # whether the scheme counts; a priming event: the server
                 # may close the stream to poll.
                 if priming:
                     stream.primed = True
-                if event_id not in session.seen:
-                    session.seen.remember(event_id, None)
+                if not (packed and remember_packed(session, event_id, None, if_new=True)):
+                    seen = session.seen
+                    if event_id not in seen:
+                        seen.remember(event_id, None)
             stream.last_received = event_id
             if self.contract is ReplayContract.INCLUSIVE:
                 # Only an inclusive server sends the cursor event again (see
@@ -145,7 +162,7 @@ class StreamLife:
             if self.reissues.watched:
                 self.reissues.answers_seen(session, responses)
         broken = self.broken
-        if broken and (responses or unreadable):
+        if (responses or unreadable) and broken.awaited_servers:  # (bool(broken), no call)
             answered = (
                 broken.unreadable(session) if unreadable else broken.answered(session, responses)
             )
@@ -165,11 +182,22 @@ class StreamLife:
     ) -> Step:
         """The stream ended (see ``Tracker.stream_ended``): its record made
         compact, its check ended, what it broke handed on."""
-        self.fold(stream)
+        feed = stream.feed
+        if feed is not None and (feed.ring or not stream.taken):
+            # (An empty ring and the last event taken: the fold could only
+            # take it, which the settling below does.)
+            self.fold(stream)
         if stream.feed is not None:
             stream.feed = None
             self.index.fed.pop(stream.key, None)
-        stream.settle()
+        if stream.taken:  # (Stream.settle and Stream.take, written out)
+            stream.taken = False
+            if stream.unconsumed_responses:
+                stream.session.answered(stream.unconsumed_responses)
+                stream.unconsumed_responses = ()
+            if stream.last_received is not None:
+                stream.last_consumed = stream.last_received
+                stream.consumed_data = stream.last_data
         if stream.ended and stream.check is None:
             return NOTHING
         session = stream.session

@@ -98,6 +98,8 @@ class Tracker(RequestSide):
         self.subscriptions = SubscriptionLedger()
         self.requests = Requests(self.subscriptions)
         self.reissues = Reissues()
+        self.operations_done = self.requests.operations_done
+        self.ran_twice_found = self.reissues.ran_twice
         self.breaks = Breaks(self.requests, self.subscriptions)
         # Broken requests awaiting their fate (see ``fates``).
         self.broken = self.breaks.broken
@@ -163,7 +165,7 @@ class Tracker(RequestSide):
         ids of a stream without a session: never a whole origin.  ``sent``:
         the requests POSTed with it, as ``request_sent`` takes them (one
         lock for both), with their ``operation``."""
-        cursor = bounded_id(last_event_id) or None
+        cursor = (bounded_id(last_event_id) or None) if last_event_id else None
         claimed = request_session_id if request_session_id is not None else session_id
         index = self.index
         sharing = self.sharing
@@ -184,7 +186,10 @@ class Tracker(RequestSide):
             if sent != ():
                 session = index.session(server, session_id, path)
                 self.requests.sent(session, sent, operation)
-            self._flush(fold=cursor is not None)
+            if cursor is not None:
+                self._flush(fold=True)
+            elif index.dirty:
+                index.flush()  # (``_flush``: nothing fed to fold)
             previous = index.owner(server, cursor, claimed, path) if cursor else None
             restored_breaks: tuple[Broken, ...] = ()
             if previous is None and shared is not None:
@@ -313,7 +318,12 @@ class Tracker(RequestSide):
         feed's earlier events are folded in first, then this one
         (``normalise`` builds its record, in order)."""
         with self._lock:
-            self.life.fold(stream)
+            feed = stream.feed
+            if feed is not None and feed.ring:
+                # (An empty ring leaves the fold nothing but the take of the
+                # event before, which ``received`` makes: the iterator that
+                # reports this one is running, so it holds none.)
+                self.life.fold(stream)
             event = normalise(raw)
             if event.retry is not None:
                 stream.retry(event.retry)
