@@ -67,7 +67,9 @@ class Feed:
     one.  Read under the tracker's lock, from any thread; the iterator's
     appends are atomic."""
 
-    __slots__ = ("_count", "_reader", "counted", "held", "last_raw_id", "ring", "tap")
+    __slots__ = (
+        "_count", "_reader", "counted", "drains", "held", "last_raw_id", "ring", "tap"
+    )
 
     def __init__(self, ring: deque) -> None:
         self.ring = ring
@@ -83,6 +85,10 @@ class Feed:
         # Told every event a drain takes (the events' room of an
         # events/stream: ``event_reports``); None for every other stream.
         self.tap: Callable[[list[Any]], Any] | None = None
+        # Odd while a drain moves events from the ring to the tap: the
+        # events' room, reading the ring between drains without the
+        # tracker's lock, reads again rather than see them in neither.
+        self.drains = 0
 
     def read_by(self, iterator: Any) -> None:
         self._reader = weakref.ref(iterator)
@@ -129,12 +135,16 @@ class Feed:
         """The events recorded since the last drain, oldest first, and
         whether the application holds the last one."""
         ring = self.ring
-        # As many as it holds now (appends may go on meanwhile; only the
-        # tracker, under its lock, takes from it): an empty ring, the common
-        # case at a stream's end, raises nothing.
-        raws = [ring.popleft() for _ in range(len(ring))]
-        if self.tap is not None and raws:
-            self.tap(raws)
+        self.drains += 1
+        try:
+            # As many as it holds now (appends may go on meanwhile; only the
+            # tracker, under its lock, takes from it): an empty ring, the
+            # common case at a stream's end, raises nothing.
+            raws = [ring.popleft() for _ in range(len(ring))]
+            if self.tap is not None and raws:
+                self.tap(raws)
+        finally:
+            self.drains += 1
         holding = self.holding()
         if len(raws) == RING:
             # Maybe overflowed: the oldest only says what id it carried.
