@@ -304,7 +304,7 @@ class EventReports:
         """What the stream delivered since the last take (what its feed's
         drains handed over, then what its ring holds), told to the ledger:
         each ``event`` notification but the last skimmed for its id and
-        cursor, every other one parsed."""
+        cursor (none, when the ring overflowed), every other one parsed."""
         feed, pending = watched.feed, watched.pending
         drains = feed.drains
         if drains % 2:
@@ -318,15 +318,23 @@ class EventReports:
         if feed.drains != drains:
             return
         del pending[:handed]
-        last = watched.last
+        last, found = watched.last, False
         if last is not None:
             for at in range(len(raws) - 1, -1, -1):
                 if raws[at] is last:
                     del raws[: at + 1]
+                    found = True
                     break
         if not raws:
             return
         watched.last = raws[-1]
+        ring = feed.ring.maxlen
+        # The ring overflowed since the last take: the stream is busier than
+        # a take can follow, and what it dropped is lost to every reading.
+        # Its events left in the ring would be a sample, read at the cost of
+        # every event between: only its last notification (the cursor) and
+        # any other kind (an ``active`` that says it fell behind) are read.
+        busy = not found and ring is not None and len(raws) >= ring == len(feed.ring)
         messages: list[Any] = []
         final = len(raws) - 1
         for at, sse in enumerate(raws):
@@ -334,6 +342,8 @@ class EventReports:
             if _NOTIFICATION not in data or len(data) > MAX_MESSAGE_BYTES:
                 continue
             if at != final:
+                if busy and _EVENT in data:
+                    continue
                 skim = _skim(data, watched.key)
                 if skim is not None:
                     messages.append(skim)
