@@ -170,6 +170,36 @@ async def test_a_silent_push_stream_is_said_while_it_is_open(caplog):
 
 
 @in_asyncio
+async def test_a_silence_is_said_close_to_the_moment_it_is_due(caplog):
+    """Due when the stream has been silent for twice its heartbeat interval
+    after the last notification the server sent (its log's clock): said
+    within half a second and one interval of that, not a tick or more later."""
+    caplog.set_level(logging.WARNING)
+    telemetry = Telemetry()
+    heartbeat = 0.25
+    with EventsServer(heartbeat_s=heartbeat) as server, telemetry.instrumented(
+        confirm_timeout=CONFIRM
+    ):
+        async with EventsWire(server.url) as wire, wire.stream(REPLAYABLE, None) as stream:
+            for _ in range(8):  # the interval seen, its first coarse gap aged out
+                await stream.next("notifications/events/heartbeat")
+            server.silence(stream.request_id)
+            found = await wait_until(lambda: gaps(telemetry), 15)
+            assert not stream.ended.is_set()
+        last_sent = server.log.exchange(stream.request_id, "events/stream").last_sent_at
+    assert found == {"stream_silent": 1}
+    (said,) = [
+        record.created
+        for record in caplog.records
+        if "mcp-resumption event stream_silent:" in record.getMessage()
+    ]
+    due = last_sent + 2 * heartbeat
+    assert said > last_sent + heartbeat  # never before an interval passed
+    assert said - due <= 0.5 + heartbeat, f"said {said - due:.2f} s after it was due"
+    no_lost_call(telemetry)
+
+
+@in_asyncio
 async def test_a_terminated_subscription_names_its_error(caplog):
     caplog.set_level(logging.WARNING)
     telemetry = Telemetry()
@@ -187,6 +217,33 @@ async def test_a_terminated_subscription_names_its_error(caplog):
     assert later is None
     (line,) = lines(caplog, "terminated")
     assert "error=-32024" in line
+    no_lost_call(telemetry)
+
+
+@in_asyncio
+async def test_a_push_stream_reopened_from_an_older_cursor_counts_what_came_again():
+    """A push stream's events are read for their ids and cursors (not parsed,
+    but the last): an older cursor of them is known as one, and every
+    event delivered again is counted as a duplicate."""
+    telemetry = Telemetry()
+    with EventsServer(heartbeat_s=5) as server, telemetry.instrumented(confirm_timeout=CONFIRM):
+        async with EventsWire(server.url) as wire:
+            async with wire.stream(REPLAYABLE, None) as stream:
+                server.publish(REPLAYABLE, 10)
+                events = [await stream.next_event() for _ in range(10)]
+            first = stream.request_id
+            async with wire.stream(REPLAYABLE, events[2]["cursor"]) as again:  # rewound
+                for _ in range(7):
+                    await again.next_event()
+            second = again.request_id
+        # The wire: the ids the second stream delivered that the first had.
+        twice = set(server.log.delivered_ids(first)) & set(server.log.delivered_ids(second))
+        assert len(twice) == 7
+        duplicates = await wait_until(
+            lambda: telemetry.counts(DUPLICATES).get(None) == 7 or None, 5
+        )
+    assert duplicates
+    assert gaps(telemetry) == {"cursor_rewound": 1}
     no_lost_call(telemetry)
 
 

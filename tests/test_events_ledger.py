@@ -353,3 +353,43 @@ def test_malformed_facts_are_no_exception():
         0,
     )
     ThreadKey("s", "n", "d")
+
+
+def test_a_skimmed_event_keeps_its_id_and_cursor_not_its_payload():
+    """A push stream's events read for id and cursor alone (the tick's
+    skim): a repeat of the id is a duplicate, never a reuse (the payloads
+    were not both read), and its cursor is one the thread carried."""
+    ledger = EventLedger()
+    stream(ledger, "1", None)
+    note(ledger, "x1", "active", now=0.0, cursor="c0", truncated=False)
+    assert not ledger.skimmed(SERVER, "1", "e1", "c1", 1.0)
+    assert not ledger.skimmed(SERVER, "1", "e2", "c2", 1.0)
+    outcome = note(ledger, "x1", "event", now=1.0, eventId="e3", data={"n": 3}, cursor="c3")
+    assert not outcome
+    again = ledger.skimmed(SERVER, "1", "e1", "c1", 2.0)
+    assert again.duplicates == 1 and not again.findings
+    read = note(ledger, "x1", "event", now=2.0, eventId="e2", data={"n": 999}, cursor="c2")
+    assert read.duplicates == 1 and not read.findings
+    # Read both times, with another payload: a reuse.
+    reused = note(ledger, "x1", "event", now=2.0, eventId="e3", data={"n": 4}, cursor="c3")
+    assert kinds(reused) == [Kind.EVENT_ID_REUSED]
+    ledger.stream_ended(SERVER, "1", cut=False, now=3.0)
+    assert kinds(stream(ledger, "2", "c1", now=4.0)) == [Kind.CURSOR_REWOUND]
+
+
+def test_a_stream_read_more_finely_measures_its_interval_again():
+    """``retime``: the interval timed by coarse reads holds until the next
+    gap between two heartbeats replaces it."""
+    ledger = EventLedger()
+    stream(ledger, "1", None)
+    note(ledger, "x1", "active", now=0.0, cursor="c1", truncated=False)
+    assert ledger.heartbeat_interval(SERVER, "1") is None
+    note(ledger, "x1", "heartbeat", now=1.0, cursor="c1")  # read a second late
+    assert ledger.heartbeat_interval(SERVER, "1") == pytest.approx(1.0)
+    ledger.retime(SERVER, "1")
+    assert ledger.heartbeat_interval(SERVER, "1") == pytest.approx(1.0)  # holds meanwhile
+    note(ledger, "x1", "heartbeat", now=1.05, cursor="c1")
+    note(ledger, "x1", "heartbeat", now=1.3, cursor="c1")
+    assert ledger.heartbeat_interval(SERVER, "1") == pytest.approx(0.25)
+    assert not ledger.due(1.79, 0.0, WINDOW)
+    assert kinds(ledger.due(1.81, 0.0, WINDOW)) == [Kind.STREAM_SILENT]

@@ -41,6 +41,7 @@ class Exchange:
     cursors_out: list[tuple[str, str | None]] = field(default_factory=list)  # (where, cursor)
     error_code: int | None = None
     ended: str = "open"  # open | answered | completed | client_closed | cut | terminated | error
+    last_sent_at: float | None = None  # epoch seconds: a push stream's last notification sent
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ class EventsLog:
     def delivered(self, exchange: Exchange, event_id: str) -> None:
         with self._lock:
             exchange.event_ids.append(event_id)
+
+    def sent(self, exchange: Exchange, at: float) -> None:
+        with self._lock:
+            exchange.last_sent_at = at
 
     def cursor_out(self, exchange: Exchange, where: str, cursor: str | None) -> None:
         with self._lock:

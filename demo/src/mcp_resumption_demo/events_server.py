@@ -736,6 +736,7 @@ class EventsServer:
             frame = {"jsonrpc": "2.0", "method": method, "params": {**params, "_meta": meta}}
             await send({"type": "http.response.body", "more_body": True,
                         "body": f"event: message\ndata: {json.dumps(frame)}\n\n".encode()})
+            self.log.sent(exchange, time.time())
 
         # Registered before ``active`` goes out: a client that saw it can act on the stream.
         with self._lock:

@@ -10,15 +10,22 @@ A part of :class:`~.monitor.ResumptionMonitor` (its base
 :class:`EventReports`), apart to be read alone.  Only a request whose body
 names an ``events/`` method is parsed here.  A push stream's notifications
 are not reported one by one: the stream is fed like any other (a reference
-per event in its ring, ``patches.feed``), and what the tracker drains from
-the ring is handed here too (the feed's tap), read on a tick while push
-streams are open (which drains the ring) and at the stream's end: the read
-path of an event costs what any SSE event costs.  Its first event (the
-``active`` notification, with ``truncated``) is read as it comes.
+per event in its ring, ``patches.feed``), and read here on a tick while
+push streams are open (the ring looked at, not drained: the tracker's own
+state is not brought up to date for it) and at the stream's end (what the
+tracker's drains took from the ring is handed here too: the feed's tap).
+The read path of an event costs what any SSE event costs, and the tick
+reads an ``event`` notification for its ``eventId`` and cursor alone
+(``_skim``: byte searches, no parse), but for the last one it takes.  Its
+first event (the ``active`` notification, with ``truncated``) is read as it
+comes.  A stream whose heartbeats were heard is read more often, a quarter
+of its interval apart: the moment each notification is read is when it is
+taken to be heard, so its silence is said that close to when it is due.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from functools import partial
@@ -39,11 +46,21 @@ __all__ = ["EventReports", "follows_events"]
 
 _EVENTS_METHOD = b'"events/'
 _NOTIFICATION = "notifications/events/"
+_EVENT = '"notifications/events/event"'
+_EVENT_ID = '"eventId"'
+_CURSOR = '"cursor"'
+_SUBSCRIPTION = '"io.modelcontextprotocol/subscriptionId"'
+_DECODER = json.JSONDecoder()
+_MISSING = object()
+_SKIMMED = object()  # first of a skimmed notification's tuple
 # How often an open push stream's ring is read (seconds), at most and at
 # least: often enough that the ring (the last events only) rarely overflows
-# between two reads and a silence is seen within its bound; never a spin.
+# between two reads; never a spin.  A stream whose heartbeats were heard is
+# read a quarter of its interval apart (FINE until an interval is known), so
+# that when a notification was heard is known that closely.
 TICK = 1.0
 MIN_TICK = 0.05
+FINE = 0.1
 # Answers and notifications at most this long are parsed.
 MAX_MESSAGE_BYTES = 1024 * 1024
 # Servers whose address is kept for findings decided by time alone.
@@ -63,15 +80,18 @@ def follows_events(body: bytes) -> bool:
 
 
 class _Watched:
-    """An open push stream: the events its feed's drains hand over (the
-    tap), read here on the tick and at its end."""
+    """An open push stream: its feed's ring, looked at on the tick, and the
+    events its drains hand over (the tap), read here too."""
 
-    __slots__ = ("context", "key", "pending")
+    __slots__ = ("context", "feed", "key", "last", "pace", "pending")
 
-    def __init__(self, context: StreamContext, key: str) -> None:
+    def __init__(self, context: StreamContext, key: str, feed: Any) -> None:
         self.context = context
         self.key = key
+        self.feed = feed
         self.pending: list[Any] = []
+        self.last: Any = None  # the last event read (by identity)
+        self.pace = TICK  # how often its ring is read (seconds)
 
 
 class _Room:
@@ -223,6 +243,11 @@ class EventReports:
         with self._events.lock:
             ledger = self.event_ledger
             for message in messages:
+                if type(message) is tuple and message[0] is _SKIMMED:
+                    outcomes.append(
+                        ledger.skimmed(facts.server, message[3], message[1], message[2], now)
+                    )
+                    continue
                 if not isinstance(message, dict):
                     continue
                 method = message.get("method")
@@ -251,7 +276,7 @@ class EventReports:
         key = next((k for k, method in kept.items() if method == STREAM), None)
         if key is None:
             return
-        watched = _Watched(context, key)
+        watched = _Watched(context, key, feed)
         feed.tap = watched.pending.extend
         with self._events.lock:
             self._events.watched[id(context)] = watched
@@ -276,36 +301,83 @@ class EventReports:
     # ------------------------------------------------------------ the tick
 
     def _take(self, watched: _Watched) -> None:
-        """What the stream's feed handed over since the last take, parsed
-        and told to the ledger."""
-        pending = watched.pending
-        if not pending:
-            return
+        """What the stream delivered since the last take (what its feed's
+        drains handed over, then what its ring holds), told to the ledger:
+        each ``event`` notification but the last skimmed for its id and
+        cursor (none, when the ring overflowed), every other one parsed."""
+        feed, pending = watched.feed, watched.pending
+        drains = feed.drains
+        if drains % 2:
+            return  # a drain under way: its events are in neither; next time
         raws = pending[:]
-        del pending[: len(raws)]
-        messages = []
-        for sse in raws:
+        handed = len(raws)
+        try:
+            raws += feed.ring  # copied at once: the reader only appends
+        except RuntimeError:
+            return
+        if feed.drains != drains:
+            return
+        del pending[:handed]
+        last, found = watched.last, False
+        if last is not None:
+            for at in range(len(raws) - 1, -1, -1):
+                if raws[at] is last:
+                    del raws[: at + 1]
+                    found = True
+                    break
+        if not raws:
+            return
+        watched.last = raws[-1]
+        ring = feed.ring.maxlen
+        # The ring overflowed since the last take: the stream is busier than
+        # a take can follow, and what it dropped is lost to every reading.
+        # Its events left in the ring would be a sample, read at the cost of
+        # every event between: only its last notification (the cursor) and
+        # any other kind (an ``active`` that says it fell behind) are read.
+        busy = not found and ring is not None and len(raws) >= ring == len(feed.ring)
+        messages: list[Any] = []
+        final = len(raws) - 1
+        for at, sse in enumerate(raws):
             data = getattr(sse, "data", "")
-            if _NOTIFICATION in data and len(data) <= MAX_MESSAGE_BYTES:
-                try:
-                    messages.append(loads(data))
-                except (ValueError, TypeError, RecursionError):
+            if _NOTIFICATION not in data or len(data) > MAX_MESSAGE_BYTES:
+                continue
+            if at != final:
+                if busy and _EVENT in data:
                     continue
+                skim = _skim(data, watched.key)
+                if skim is not None:
+                    messages.append(skim)
+                    continue
+            try:
+                messages.append(loads(data))
+            except (ValueError, TypeError, RecursionError):
+                continue
         if messages:
             self._events_messages(watched.context.facts, messages)
 
     def _events_due(self) -> None:
-        """The tick: every open push stream's feed drained (by the tracker,
-        which the tap follows), then what time decides (cut streams not
-        reopened, lapsed webhooks, silence)."""
+        """The tick: every open push stream's notifications read, then what
+        time decides (cut streams not reopened, lapsed webhooks, silence)."""
         with self._events.lock:
             self._events.tick = None
             watched = list(self._events.watched.values())
         for each in watched:
-            stream = each.context.stream
-            if stream is not None:
-                self.tracker.fold(stream)
             self._take(each)
+            with self._events.lock:
+                interval = self.event_ledger.heartbeat_interval(
+                    each.context.facts.server, each.key
+                )
+            if interval is None:
+                pace = TICK
+            elif interval == 0.0:
+                pace = FINE
+            else:
+                pace = min(TICK, max(MIN_TICK, interval / 4))
+            if pace < each.pace == TICK:
+                with self._events.lock:
+                    self.event_ledger.retime(each.context.facts.server, each.key)
+                pace = FINE
+            each.pace = pace
         with self._events.lock:
             outcome = self.event_ledger.due(
                 time.monotonic(), time.time(), self.settings.confirm_timeout
@@ -321,7 +393,8 @@ class EventReports:
         with self._events.lock:
             wait = self.event_ledger.next_due(now, time.time(), self.settings.confirm_timeout)
             if self._events.watched:
-                wait = TICK if wait is None else min(wait, TICK)
+                pace = min(each.pace for each in self._events.watched.values())
+                wait = pace if wait is None else min(wait, pace)
             if self._events.dirty and self.tracker.store.shared:
                 wait = SAVE_EVERY if wait is None else min(wait, SAVE_EVERY)
             if wait is None:
@@ -359,6 +432,45 @@ class EventReports:
 
     def _event_server(self, server: str) -> tuple[str, int | None]:
         return self._events.servers.get(server) or (server, None)
+
+
+def _skim(data: str, subscription: str) -> tuple | None:
+    """An ``event`` notification of the stream of request ``subscription``
+    read for its ``eventId`` and cursor by byte searches (each key once in
+    it, so that none is nested in the payload), or None: parse it."""
+    if (
+        data.count(_NOTIFICATION) != 1
+        or _EVENT not in data
+        or data.count(_EVENT_ID) != 1
+        or data.count(_CURSOR) != 1
+        or data.count(_SUBSCRIPTION) != 1
+    ):
+        return None
+    event_id = _value(data, _EVENT_ID)
+    cursor = _value(data, _CURSOR)
+    named = _value(data, _SUBSCRIPTION)
+    if not isinstance(event_id, str) or not (cursor is None or isinstance(cursor, str)):
+        return None
+    if named is _MISSING or request_key(named) != subscription:
+        return None
+    return (_SKIMMED, event_id, cursor, subscription)
+
+
+def _value(data: str, key: str) -> Any:
+    """The JSON value after ``key`` (found once in ``data``), or _MISSING."""
+    at = data.find(key) + len(key)
+    end = len(data)
+    while at < end and data[at] in " \t\r\n":
+        at += 1
+    if at >= end or data[at] != ":":
+        return _MISSING
+    at += 1
+    while at < end and data[at] in " \t\r\n":
+        at += 1
+    try:
+        return _DECODER.raw_decode(data, at)[0]
+    except (ValueError, RecursionError):
+        return _MISSING
 
 
 def _redis_key(store: Any, key: Any) -> str:

@@ -67,7 +67,9 @@ class Feed:
     one.  Read under the tracker's lock, from any thread; the iterator's
     appends are atomic."""
 
-    __slots__ = ("_reader", "count", "counted", "held", "last_raw_id", "ring", "tap")
+    __slots__ = (
+        "_reader", "count", "counted", "drains", "held", "last_raw_id", "ring", "tap"
+    )
 
     def __init__(self, ring: deque) -> None:
         self.ring = ring
@@ -84,6 +86,10 @@ class Feed:
         # Told every event a drain takes (the events' room of an
         # events/stream: ``event_reports``); None for every other stream.
         self.tap: Callable[[list[Any]], Any] | None = None
+        # Odd while a drain moves events from the ring to the tap: the
+        # events' room, reading the ring between drains without the
+        # tracker's lock, reads again rather than see them in neither.
+        self.drains = 0
 
     def count_by(self, count: Callable[[], int]) -> None:
         """The iterator counts its events where this reads them: a variable
@@ -135,9 +141,13 @@ class Feed:
         # case at a stream's end, raises nothing.
         if not ring:
             return [], self.holding()
-        raws = [ring.popleft() for _ in range(len(ring))]
-        if self.tap is not None and raws:
-            self.tap(raws)
+        self.drains += 1
+        try:
+            raws = [ring.popleft() for _ in range(len(ring))]
+            if self.tap is not None and raws:
+                self.tap(raws)
+        finally:
+            self.drains += 1
         holding = self.holding()
         if len(raws) == RING:
             # Maybe overflowed: the oldest only says what id it carried.

@@ -112,6 +112,8 @@ MAX_WEBHOOKS = 4096
 MAX_NAME = 128
 # Heartbeat gaps below this are not an interval (two notifications at once).
 MIN_INTERVAL = 0.05
+# One encoder, built once: ``json.dumps`` with options builds one per call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 
 
 class Kind(str, enum.Enum):
@@ -326,22 +328,30 @@ class _Thread:
         self.last = digest
         self.held = True
 
-    def delivered(self, event_id: Any, payload: Any) -> tuple[int, bool]:
+    def delivered(self, event_id: Any, payload: Any, read: bool = True) -> tuple[int, bool]:
         """An event delivered: (1 if a duplicate, whether its id was reused
-        with another payload)."""
+        with another payload).  ``read`` False: its payload was not read (a
+        push stream's events skimmed for their ids); a repeat of such an id
+        is a duplicate, as payloads that were not both read prove no reuse."""
         if not isinstance(event_id, str) or not event_id:
             return 0, False
-        try:
-            text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
-        except (ValueError, TypeError, RecursionError):
-            text = repr(type(payload))
-        digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest()
+        digest = b""
+        if read:
+            try:
+                text = _CANONICAL.encode(payload)
+            except (ValueError, TypeError, RecursionError):
+                text = repr(type(payload))
+            digest = hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest()
         event_id = event_id[:MAX_NAME]
         ids = self.ids
         seen = ids.get(event_id)
         if seen is not None:
             ids.move_to_end(event_id)
-            return (1, False) if seen == digest else (0, True)
+            if not seen or not digest or seen == digest:
+                if not seen:
+                    ids[event_id] = digest
+                return 1, False
+            return 0, True
         ids[event_id] = digest
         if len(ids) > MAX_EVENT_IDS:
             ids.popitem(last=False)
@@ -367,6 +377,8 @@ class _Stream:
     interval: float | None = None  # the longest gap between two of them seen
     silent_said: bool = False
     active_seen: bool = False
+    beats: bool = False  # a heartbeat was heard
+    remeasure: bool = False  # the next gap replaces the interval (``retime``)
 
 
 @dataclass(eq=False)
@@ -684,8 +696,12 @@ class EventLedger:
             beat = stream.last_beat
             if beat is not None and now - beat >= MIN_INTERVAL and not was_silent:
                 gap = now - beat
-                stream.interval = gap if stream.interval is None else max(stream.interval, gap)
+                if stream.interval is None or stream.remeasure:
+                    stream.interval, stream.remeasure = gap, False
+                else:
+                    stream.interval = max(stream.interval, gap)
             stream.last_beat = now
+            stream.beats = True
             if "cursor" in params:
                 thread.receive(params["cursor"])
             return NOTHING
@@ -717,6 +733,42 @@ class EventLedger:
                 stream="ended",
             )
         return NOTHING  # error: transient, the stream goes on
+
+    def skimmed(
+        self, server: str, subscription: str, event_id: str, cursor: Any, now: float
+    ) -> Outcome:
+        """A ``notifications/events/event`` of the push stream of request
+        ``subscription`` read for its id and cursor alone (not its payload),
+        as ``notified`` reads one."""
+        stream = self._streams.get((server, subscription))
+        if stream is None:
+            return NOTHING
+        stream.last_heard = now
+        stream.silent_said = False
+        thread = self._thread(stream.key)
+        duplicate, _ = thread.delivered(event_id, None, read=False)
+        thread.receive(cursor)
+        if not duplicate:
+            return NOTHING
+        return Outcome(duplicates=duplicate, key=stream.key, delivery="push")
+
+    def heartbeat_interval(self, server: str, subscription: str) -> float | None:
+        """The push stream's heartbeat interval as observed, 0.0 while
+        heartbeats were heard but no interval is known yet, None without a
+        heartbeat (or no such stream): how finely its silence needs timing."""
+        stream = self._streams.get((server, subscription))
+        if stream is None or not stream.beats:
+            return None
+        return stream.interval if stream.interval is not None else 0.0
+
+    def retime(self, server: str, subscription: str) -> None:
+        """The push stream's notifications are read more finely from now on:
+        the heartbeat interval is measured again, the next gap replacing the
+        longest seen so far (timed by coarser reads), which holds until then."""
+        stream = self._streams.get((server, subscription))
+        if stream is not None:
+            stream.last_beat = None
+            stream.remeasure = True
 
     def _active(self, stream: _Stream, thread: _Thread, params: dict, now: float) -> Outcome:
         asked = stream.asked
