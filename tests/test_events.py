@@ -334,3 +334,29 @@ async def test_a_refreshed_webhook_subscription_does_not_lapse():
             await wire.subscribe(REPLAYABLE, receiver.url, secret, ttl_ms=60_000)
             await wire.unsubscribe(REPLAYABLE, receiver.url)
         assert gaps(telemetry) == {}
+
+
+@in_asyncio
+async def test_each_principal_is_a_subscription_of_its_own(caplog):
+    """One process subscribes for two principals (a gateway, a proxy's
+    upstream): the specification keys a subscription by its principal, so
+    bob's "from now" after alice's cursor is no loss, and alice's own
+    restart from now still is."""
+    caplog.set_level(logging.WARNING)
+    telemetry = Telemetry()
+    with EventsServer() as server, telemetry.instrumented(confirm_timeout=CONFIRM):
+        async with EventsWire(server.url, token="alice") as alice, EventsWire(
+            server.url, token="bob"
+        ) as bob:
+            first = await alice.poll(REPLAYABLE, None)
+            server.publish(REPLAYABLE, 2)
+            await alice.poll(REPLAYABLE, first["cursor"])
+            await bob.poll(REPLAYABLE, None)  # bob's first poll: from now, no loss
+            server.publish(REPLAYABLE, 1)
+            restarted = await alice.poll(REPLAYABLE, None)  # alice forgot hers
+        assert restarted["events"] == [] and restarted["truncated"] is False  # the wire
+        found = await wait_until(lambda: gaps(telemetry), 5)
+    assert found == {"cursor_lost": 1}
+    (line,) = lines(caplog, "cursor_lost")
+    assert "alice" not in line and "bob" not in line  # no principal in a line
+    no_lost_call(telemetry)

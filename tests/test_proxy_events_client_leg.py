@@ -250,10 +250,9 @@ async def test_one_client_cut_while_another_holds_the_same_subscription(mode):
     assert cut.broken is not None and len(cut.events) == 2
     assert still_open and len(held.events) == 2
     assert said
-    # (The upstream leg, one client half for all the proxy's clients, keys no
-    # principal: bob's "from now" after alice's cursor reads as cursor_lost
-    # there; see docs/proxy.md, Limits.)
+    # Each leg keys a subscription by its principal (a digest of the
+    # Authorization): bob's "from now" after alice's cursor is no
+    # cursor_lost on the upstream leg.
     gaps = running.counts(GAPS, LEG, KIND)
-    assert {k: v for k, v in gaps.items() if k[0] == "client_proxy"} == {
-        ("client_proxy", "not_reopened"): 1}
+    assert gaps == {("client_proxy", "not_reopened"): 1}
     no_lost_call(running)

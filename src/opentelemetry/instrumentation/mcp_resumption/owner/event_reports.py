@@ -25,6 +25,7 @@ taken to be heard, so its silence is said that close to when it is due.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -146,15 +147,16 @@ class EventReports:
         messages = parsed if isinstance(parsed, list) else [parsed]
         found: dict[str, str] = {}
         outcomes: list[Outcome] = []
+        server = facts.events_server = _principal_server(facts)
         if self.tracker.store.shared:
-            self._inherit(facts.server, messages)
+            self._inherit(server, messages)
         now = time.monotonic()
         with self._events.lock:
             servers = self._events.servers
-            if facts.server not in servers:
+            if server not in servers:
                 if len(servers) >= MAX_SERVERS:
                     servers.clear()
-                servers[facts.server] = (facts.host, facts.port)
+                servers[server] = (facts.host, facts.port)
             for message in messages:
                 if not isinstance(message, dict) or message.get("method") not in METHODS:
                     continue
@@ -165,7 +167,7 @@ class EventReports:
                 found[key] = method
                 outcomes.append(
                     self.event_ledger.requested(
-                        facts.server, key, method, message.get("params"), now
+                        server, key, method, message.get("params"), now
                     )
                 )
         if found:
@@ -238,6 +240,7 @@ class EventReports:
 
     def _events_messages(self, facts: RequestFacts, messages: list[Any]) -> None:
         kept = facts.events or {}
+        server = facts.events_server or facts.server
         now, wall = time.monotonic(), time.time()
         outcomes: list[Outcome] = []
         with self._events.lock:
@@ -245,7 +248,7 @@ class EventReports:
             for message in messages:
                 if type(message) is tuple and message[0] is _SKIMMED:
                     outcomes.append(
-                        ledger.skimmed(facts.server, message[3], message[1], message[2], now)
+                        ledger.skimmed(server, message[3], message[1], message[2], now)
                     )
                     continue
                 if not isinstance(message, dict):
@@ -254,12 +257,12 @@ class EventReports:
                 if isinstance(method, str):
                     if method.startswith(_NOTIFICATION):
                         outcomes.append(
-                            ledger.notified(facts.server, method, message.get("params"), now)
+                            ledger.notified(server, method, message.get("params"), now)
                         )
                     continue
                 key = request_key(message.get("id"))
                 if key is not None and key in kept:
-                    outcomes.append(ledger.answered(facts.server, key, message, now, wall))
+                    outcomes.append(ledger.answered(server, key, message, now, wall))
             self._events.dirty = True
         for outcome in outcomes:
             self._events_found(outcome)
@@ -293,7 +296,7 @@ class EventReports:
         self._take(watched)
         with self._events.lock:
             outcome = self.event_ledger.stream_ended(
-                context.facts.server, watched.key, not closed_by_client, time.monotonic()
+                _server_of(context.facts), watched.key, not closed_by_client, time.monotonic()
             )
         self._events_found(outcome)
         self._events_schedule()
@@ -365,7 +368,7 @@ class EventReports:
             self._take(each)
             with self._events.lock:
                 interval = self.event_ledger.heartbeat_interval(
-                    each.context.facts.server, each.key
+                    _server_of(each.context.facts), each.key
                 )
             if interval is None:
                 pace = TICK
@@ -375,7 +378,7 @@ class EventReports:
                 pace = min(TICK, max(MIN_TICK, interval / 4))
             if pace < each.pace == TICK:
                 with self._events.lock:
-                    self.event_ledger.retime(each.context.facts.server, each.key)
+                    self.event_ledger.retime(_server_of(each.context.facts), each.key)
                 pace = FINE
             each.pace = pace
         with self._events.lock:
@@ -431,7 +434,24 @@ class EventReports:
             telemetry.event_stream("reopened", host, port, key.name)
 
     def _event_server(self, server: str) -> tuple[str, int | None]:
-        return self._events.servers.get(server) or (server, None)
+        # (a principal's digest after "#" is never an address)
+        return self._events.servers.get(server) or (server.split("#", 1)[0], None)
+
+
+def _principal_server(facts: RequestFacts) -> str:
+    """The server as the events' threads key it: with a digest of the
+    request's Authorization when it has one (kept in memory and, hashed
+    again with the thread, in the shared state; never exported)."""
+    headers = facts.headers
+    principal = headers.get("authorization") if headers is not None else None
+    if not principal or not isinstance(principal, str):
+        return facts.server
+    digest = hashlib.blake2b(principal.encode("utf-8", "replace"), digest_size=8)
+    return f"{facts.server}#{digest.hexdigest()}"
+
+
+def _server_of(facts: RequestFacts) -> str:
+    return facts.events_server or facts.server
 
 
 def _skim(data: str, subscription: str) -> tuple | None:

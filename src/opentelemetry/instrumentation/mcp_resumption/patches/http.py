@@ -174,6 +174,7 @@ def request_facts(owner: ResumptionMonitor, request: Any) -> RequestFacts | None
         started=time.monotonic(),
         mcp_method=headers.get(b"mcp-method"),
         mcp_name=headers.get(b"mcp-name"),
+        headers=request.headers,
     )
 
 

@@ -67,6 +67,14 @@ class RequestFacts:
     # The events/* requests of the body the event ledger follows, by id key
     # (their method); None: none (most requests).
     events: dict[str, str] | None = field(default=None, repr=False)
+    # The request's headers, read only for an events/* request (its
+    # principal: ``events_server``); never exported.
+    headers: Any = field(default=None, repr=False)
+    # The server as the events' threads know it: with a digest of the
+    # request's Authorization, when it has one (the specification keys a
+    # subscription by its principal; 2026-07-28 has no session, and one
+    # process, a proxy say, may subscribe for several principals).
+    events_server: str | None = field(default=None, repr=False)
 
     def ledger(self) -> list[tuple[str, str]] | None:
         """The JSON-RPC requests in the body (see ``requests``)."""
