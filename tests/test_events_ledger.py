@@ -393,3 +393,20 @@ def test_a_stream_read_more_finely_measures_its_interval_again():
     assert ledger.heartbeat_interval(SERVER, "1") == pytest.approx(0.25)
     assert not ledger.due(1.79, 0.0, WINDOW)
     assert kinds(ledger.due(1.81, 0.0, WINDOW)) == [Kind.STREAM_SILENT]
+
+
+def test_a_cut_beside_a_live_stream_of_its_thread_waits_for_nothing_yet():
+    """A push stream cut while another stream of its subscription is still
+    open: nothing is due until that one ends (else the owner's tick, asked
+    when to look again, is told "now" for as long as it lives)."""
+    ledger = EventLedger()
+    stream(ledger, "1", None)
+    note(ledger, "x1", "active", cursor="c0", truncated=False)
+    stream(ledger, "2", "c0")
+    note(ledger, "x2", "active", cursor="c0", truncated=False)
+    ledger.stream_ended(SERVER, "1", cut=True, now=1.0)
+    assert ledger.next_due(100.0, 100.0, WINDOW) is None
+    assert not ledger.due(100.0, 100.0, WINDOW).findings
+    ledger.stream_ended(SERVER, "2", cut=True, now=101.0)
+    assert ledger.next_due(102.0, 102.0, WINDOW) == WINDOW - 1.0
+    assert kinds(ledger.due(106.0, 106.0, WINDOW)) == [Kind.NOT_REOPENED]

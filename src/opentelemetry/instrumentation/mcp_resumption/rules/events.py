@@ -885,7 +885,9 @@ class EventLedger:
         """Seconds until ``due`` may find something, or None: nothing waits."""
         waits: list[float] = []
         for thread in self._threads.values():
-            if thread.cut_at is not None:
+            # A cut beside a live stream of its thread waits for nothing yet
+            # (``due`` leaves it until that stream ends, which asks again).
+            if thread.cut_at is not None and not thread.live_streams:
                 waits.append(thread.cut_at + window - now)
         for webhook in self._webhooks.values():
             if webhook.refresh_before is not None and not webhook.lapsed_said:
