@@ -162,7 +162,7 @@ class SeenWindow:
             if ids is None:
                 owner.seen_ids, owner.seen_digests = raw, word
                 return
-            if _SEP_BYTES + raw + _SEP_BYTES not in _SEP_BYTES + ids + _SEP_BYTES:
+            if _absent(ids, raw):
                 ids += _SEP_BYTES + raw
                 digests = owner.seen_digests + word
                 if len(digests) > _WINDOW_BYTES:
@@ -206,7 +206,10 @@ def remember_packed(owner: Any, event_id: str, digest: int | None, if_new: bool 
         if ids is None:
             owner.seen_ids, owner.seen_digests = raw, word
             return True
-        if _SEP_BYTES + raw + _SEP_BYTES not in _SEP_BYTES + ids + _SEP_BYTES:
+        # ``_absent`` written out: this runs for every event of a session.
+        if ids.find(raw) == -1 or (_SEP_BYTES + ids + _SEP_BYTES).find(
+            _SEP_BYTES + raw + _SEP_BYTES
+        ) == -1:
             ids += _SEP_BYTES + raw
             digests = owner.seen_digests + word
             if len(digests) > _WINDOW_BYTES:
@@ -236,6 +239,16 @@ _NO_DIGESTS = array("q")
 # One digest of the packed record: a machine word, as array("q") stores it.
 _WORD = struct.Struct("=q")
 _WINDOW_BYTES = SEEN_WINDOW * _WORD.size
+
+
+def _absent(ids: bytes, raw: bytes) -> bool:
+    """Whether ``raw`` is no whole id of the packed ``ids``: not even a
+    substring (most new ids, one search), or not between separators.
+    ``find``, not ``in``: on the delimited copies ``in`` cost four times as
+    much on 3.13."""
+    return ids.find(raw) == -1 or (_SEP_BYTES + ids + _SEP_BYTES).find(
+        _SEP_BYTES + raw + _SEP_BYTES
+    ) == -1
 
 
 def _packed_find(ids: bytes | tuple[str, ...] | None, event_id: str) -> bool | None:
