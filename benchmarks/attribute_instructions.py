@@ -1,8 +1,8 @@
 """Where the plugin's instructions per ``tools/call`` go, by module or by
 function (issue 44: name each remaining cost by function and by instructions):
 
-    python3 benchmarks/attribute_instructions.py                  # by module, ~6 min
-    python3 benchmarks/attribute_instructions.py --by function    # ~15 min
+    python3 benchmarks/attribute_instructions.py                          # by module, ~5 min
+    python3 benchmarks/attribute_instructions.py --by function --n 10     # ~8 min
     python3 benchmarks/attribute_instructions.py --answer JSON
 
 A session of the installed MCP SDK's client against ``sse_server.py`` (one

@@ -108,3 +108,60 @@ def test_tools_call_costs_run_every_row_quickly():
         [line] = [line for line in out.splitlines() if line.startswith(f"{sse} {peer} |")]
         assert re.search(r"\| (PASS|MISS|NOT RUN) \|", line), line
     assert re.search(r"^\| [\d,.]+ \| ≤ 80 \| (PASS|MISS) \|$", out, re.M), out
+
+
+@pytest.mark.mcp2
+def test_server_instruction_benchmark_server_serves_a_session_and_stops():
+    """``server_instructions.py``'s server, in both configurations and both
+    answers, natively (the counting under valgrind is ``instructions.py``'s
+    method, tested above): it answers the session's tools/calls and exits
+    cleanly when its stdin closes, as the count needs."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from server_harness import RawSession
+
+    for config, answer in (("server half", "SSE"), ("bare", "JSON")):
+        server = subprocess.Popen(
+            [sys.executable, str(BENCHMARKS / "server_instructions.py"), "--serve", config,
+             answer],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        try:
+            port = int(server.stdout.readline())
+            raw = RawSession(f"http://127.0.0.1:{port}/mcp")
+            for k in range(3):
+                assert raw.echo(f"call {k}")["result"]["content"][0]["text"] == f"call {k}"
+            raw.close()
+        finally:
+            server.stdin.close()
+            assert server.wait(timeout=30) == 0, (config, answer)
+
+
+@pytest.mark.mcp2
+@pytest.mark.skipif(
+    shutil.which("cc") is None or not Path("/usr/include/valgrind/callgrind.h").exists(),
+    reason="cc or valgrind's callgrind.h missing (Debian's valgrind package carries it)",
+)
+def test_attribution_switch_compiles_and_runs_natively(tmp_path):
+    """``attribute_instructions.py``'s switch (``cgmon.c``) compiles against
+    this Python and its worker runs a session through it natively (callgrind's
+    requests are no-ops outside valgrind), for the whole plugin and for one
+    module; and the buckets a tools/call enters are listed."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from attribute_instructions import _buckets, _compile
+    from operation_instructions import _Server
+
+    _compile(sys.executable, str(tmp_path))
+    server = _Server([sys.executable, str(BENCHMARKS / "sse_server.py")], stdin=subprocess.PIPE)
+    try:
+        url = server.base + "/mcp"
+        for bucket in ("all", "patches/http.py"):
+            result = subprocess.run(
+                [sys.executable, str(BENCHMARKS / "attribute_instructions.py"), "--worker",
+                 bucket, "3", url, str(tmp_path)],
+                capture_output=True, text=True, timeout=120, check=False,
+            )
+            assert result.returncode == 0, (bucket, result.stderr[-4000:])
+        buckets = _buckets(sys.executable, url, "module")
+    finally:
+        server.close()
+    assert "patches/http.py" in buckets and "tracking/tracker.py" in buckets, buckets
