@@ -145,8 +145,9 @@ class SeenWindow:
 
     def remember(self, event_id: str, digest: int | None) -> None:
         """``event_id`` to the newest end.  On a packed record, a new id is
-        appended to it as it is (the oldest dropped past the window); an id
-        already in the window, an id holding a NUL, or a held view take the
+        appended to it as it is (the oldest dropped past the window) and an
+        id already in the window is moved within it (``_remembered``); an id
+        holding a NUL, a record kept as a tuple or a held view take the
         general path (:meth:`remember_all`), with the same result."""
         owner = self._owner
         ids = owner.seen_ids
@@ -189,8 +190,8 @@ def remember_packed(owner: Any, event_id: str, digest: int | None, if_new: bool 
     """``SeenWindow(owner).remember(event_id, digest)`` on a record no view
     holds (``owner.window`` is None), without making the view: the one
     event remembered as it comes on a stream no resume reads.  True when
-    done; False where the view's general path is needed (an id already in
-    the window, an id holding a NUL, a record kept as a tuple).  ``if_new``:
+    done; False where the view's general path is needed (an id holding a
+    NUL, a record kept as a tuple).  ``if_new``:
     an id already in the window stays where it is (True: nothing to do),
     as ``if event_id not in seen: seen.remember(...)`` leaves it."""
     ids = owner.seen_ids
