@@ -60,8 +60,9 @@ def test_remember_packed_is_what_a_view_remembers(steps, as_tuple):
     """``remember_packed`` (the one event a stream no resume reads remembers,
     without a view) leaves a session's packed window as ``SeenWindow`` does:
     an event's id (``remember``), a marker's (``if event_id not in seen``),
-    and where it declines (an id seen already, a NUL, a record kept as a
-    tuple), the view's general path after it does the rest."""
+    an id seen already (moved in the packed record), and where it declines
+    (a NUL, a record kept as a tuple), the view's general path after it
+    does the rest."""
     from opentelemetry.instrumentation.mcp_resumption.tracking.records import Session
     from opentelemetry.instrumentation.mcp_resumption.tracking.seen_window import (
         SeenWindow,
