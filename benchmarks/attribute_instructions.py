@@ -83,45 +83,19 @@ def _classifier(bucket: str):
 
 
 async def _session(url: str, n: int, measured, bucket: str) -> None:
-    import importlib.metadata
+    from consumers import mcp_session
 
-    from mcp.client import streamable_http
-
-    async def calls(call, count: int) -> None:
-        for _ in range(count):
-            await call()
-
-    async def loops(call) -> None:
-        await calls(call, WARM_UP)
+    async with mcp_session(url) as call_tool:
+        for _ in range(WARM_UP):
+            await call_tool("stream", {"n": 0})
         gc.collect()
         gc.freeze()
         gc.disable()
         for count in (n, 2 * n):
             with measured(f"{bucket}|{count}"):
-                await calls(call, count)
+                for _ in range(count):
+                    await call_tool("stream", {"n": 0})
         gc.enable()
-
-    if int(importlib.metadata.version("mcp").split(".", 1)[0]) >= 2:
-        import httpx2
-        from mcp import Client
-
-        async with (
-            httpx2.AsyncClient(timeout=60) as http,
-            Client(streamable_http.streamable_http_client(url, http_client=http),
-                   mode="legacy") as mcp,
-        ):
-            await loops(lambda: mcp.call_tool("stream", {"n": 0}))
-    else:
-        import httpx
-        from mcp import ClientSession
-
-        async with (
-            httpx.AsyncClient(timeout=60) as http,
-            streamable_http.streamable_http_client(url, http_client=http) as (read, write, _),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            await loops(lambda: session.call_tool("stream", {"n": 0}))
 
 
 def worker(bucket: str, n: int, url: str, extension_dir: str) -> None:

@@ -8,13 +8,14 @@ an ``Mcp-Session-Id`` header is sent, so the plugin's patches track it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
 import itertools
 import time
-from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NamedTuple
 
 ACCEPT = "application/json, text/event-stream"
 _sessions = itertools.count(1)
@@ -116,6 +117,19 @@ async def mcp_stream(url: str, n: int) -> Sample:
         nonlocal count
         count += 1
 
+    async with mcp_session(url) as call_tool:
+        clock = _Clock()
+        await call_tool("stream", _tool_arguments(n), progress_callback=on_progress)
+        sample = clock.per(n)
+    _check(count, n, "mcp")
+    return sample
+
+
+@contextlib.asynccontextmanager
+async def mcp_session(url: str) -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+    """One session of the installed MCP SDK's client, as every benchmark opens
+    it (mcp 2.x: ``Client`` in legacy mode over httpx2; mcp 1.x:
+    ``ClientSession`` over httpx, initialized): yields its ``call_tool``."""
     transport = importlib.import_module("mcp.client.streamable_http")
     if int(importlib.metadata.version("mcp").split(".", 1)[0]) >= 2:
         import httpx2
@@ -125,9 +139,7 @@ async def mcp_stream(url: str, n: int) -> Sample:
             httpx2.AsyncClient(timeout=60) as http,
             Client(transport.streamable_http_client(url, http_client=http), mode="legacy") as mcp,
         ):
-            clock = _Clock()
-            await mcp.call_tool("stream", _tool_arguments(n), progress_callback=on_progress)
-            sample = clock.per(n)
+            yield mcp.call_tool
     else:
         import httpx
         from mcp import ClientSession
@@ -138,11 +150,7 @@ async def mcp_stream(url: str, n: int) -> Sample:
             ClientSession(read, write) as session,
         ):
             await session.initialize()
-            clock = _Clock()
-            await session.call_tool("stream", _tool_arguments(n), progress_callback=on_progress)
-            sample = clock.per(n)
-    _check(count, n, "mcp")
-    return sample
+            yield session.call_tool
 
 
 def _has(*modules: str) -> bool:

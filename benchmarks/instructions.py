@@ -340,36 +340,13 @@ async def _events_httpx2(body: str, n: int) -> None:
 
 
 async def _tools_calls(url: str, n: int) -> None:
-    import importlib.metadata
+    from consumers import mcp_session
 
-    from mcp.client import streamable_http
-
-    if int(importlib.metadata.version("mcp").split(".", 1)[0]) >= 2:
-        import httpx2
-        from mcp import Client
-
-        async with (
-            httpx2.AsyncClient(timeout=60) as http,
-            Client(
-                streamable_http.streamable_http_client(url, http_client=http), mode="legacy"
-            ) as mcp,
-        ):
-            for _ in range(n):
-                result = await mcp.call_tool("stream", {"n": 0})
-                assert not result.is_error, result
-    else:
-        import httpx
-        from mcp import ClientSession
-
-        async with (
-            httpx.AsyncClient(timeout=60) as http,
-            streamable_http.streamable_http_client(url, http_client=http) as (read, write, _),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            for _ in range(n):
-                result = await session.call_tool("stream", {"n": 0})
-                assert not result.isError, result
+    async with mcp_session(url) as call_tool:
+        for _ in range(n):
+            result = await call_tool("stream", {"n": 0})
+            # mcp 2.x names it ``is_error``, mcp 1.x ``isError``
+            assert not getattr(result, "is_error", getattr(result, "isError", False)), result
 
 
 def _peer(name: str) -> None:
