@@ -196,11 +196,11 @@ class ResumptionMonitor(
             if facts.server in self.tracker.broken.awaited_servers:
                 # Matched as it is sent: its answer may come after the window.
                 step = self.tracker.reissued(
-                    facts.server, session_id, facts.path, facts.body, facts.protocol_version
+                    facts.server, session_id, facts.path, body, facts.protocol_version
                 )
                 self._fated(step)
             if body.find(b"notifications/cancelled") != -1:
-                self.tracker.cancelling(facts.server, session_id, facts.path, facts.body)
+                self.tracker.cancelling(facts.server, session_id, facts.path, body)
         if facts.last_event_id is None or not facts.mcp:
             if facts.method == "DELETE" and facts.session_id:
                 # Before the answer: the server closes the session's streams

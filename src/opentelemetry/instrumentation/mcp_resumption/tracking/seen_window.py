@@ -201,8 +201,8 @@ def remember_packed(owner: Any, event_id: str, digest: int | None, if_new: bool 
         if ids is None:
             owner.seen_ids, owner.seen_digests = raw, word
             return True
-        # ``_remembered``'s common case written out: this runs for every
-        # event of a session.  ``find``, not ``in``: on the delimited copies
+        # ``_appended`` written out (a new id, the common case): this runs for
+        # every event of a session.  ``find``, not ``in``: on the delimited copies
         # ``in`` cost four times as much on 3.13.
         if ids.find(raw) == -1:
             ids += _SEP_BYTES + raw
@@ -212,9 +212,11 @@ def remember_packed(owner: Any, event_id: str, digest: int | None, if_new: bool 
                 digests = digests[_WORD.size :]
             owner.seen_ids, owner.seen_digests = ids, digests
             return True
-        if if_new and _whole_id_at(ids, raw) != -1:
-            return True
-        owner.seen_ids, owner.seen_digests = _remembered(ids, owner.seen_digests, raw, word)
+        start = _whole_id_at(ids, raw)
+        if start == -1:
+            owner.seen_ids, owner.seen_digests = _appended(ids, owner.seen_digests, raw, word)
+        elif not if_new:
+            owner.seen_ids, owner.seen_digests = _moved(ids, owner.seen_digests, raw, word, start)
         return True
     return False
 
@@ -241,25 +243,37 @@ _WINDOW_BYTES = SEEN_WINDOW * _WORD.size
 
 def _whole_id_at(ids: bytes, raw: bytes) -> int:
     """Where ``raw`` starts as a whole id of the packed ``ids`` (between
-    separators), or -1."""
-    found = (_SEP_BYTES + ids + _SEP_BYTES).find(_SEP_BYTES + raw + _SEP_BYTES)
-    return found  # the leading separator's place in the copy is the id's in ``ids``
+    separators), or -1: the leading separator's place in the delimited copy
+    is the id's in ``ids``."""
+    return (_SEP_BYTES + ids + _SEP_BYTES).find(_SEP_BYTES + raw + _SEP_BYTES)
 
 
 def _remembered(ids: bytes, digests: bytes, raw: bytes, word: bytes) -> tuple[bytes, bytes]:
     """The packed record with ``raw`` (its digest ``word``) at the newest end,
-    as ``SeenWindow.remember_all`` leaves it: a new id appended (the oldest
-    dropped past the window), an id already there moved, without unpacking.
-    A server that counts each stream's ids from 1 sends ids its session's
-    window holds on every stream."""
+    as ``SeenWindow.remember_all`` leaves it, without unpacking: a new id
+    appended, an id already there moved (a server that counts each stream's
+    ids from 1 sends ids its session's window holds on every stream)."""
     start = -1 if ids.find(raw) == -1 else _whole_id_at(ids, raw)
     if start == -1:
-        ids += _SEP_BYTES + raw
-        digests += word
-        if len(digests) > _WINDOW_BYTES:
-            ids = ids[ids.index(_SEP_BYTES) + 1 :]
-            digests = digests[_WORD.size :]
-        return ids, digests
+        return _appended(ids, digests, raw, word)
+    return _moved(ids, digests, raw, word, start)
+
+
+def _appended(ids: bytes, digests: bytes, raw: bytes, word: bytes) -> tuple[bytes, bytes]:
+    """A new id at the newest end, the oldest dropped past the window."""
+    ids += _SEP_BYTES + raw
+    digests += word
+    if len(digests) > _WINDOW_BYTES:
+        ids = ids[ids.index(_SEP_BYTES) + 1 :]
+        digests = digests[_WORD.size :]
+    return ids, digests
+
+
+def _moved(
+    ids: bytes, digests: bytes, raw: bytes, word: bytes, start: int
+) -> tuple[bytes, bytes]:
+    """The id at ``start`` in ``ids`` moved to the newest end with its new
+    digest (the window's length unchanged)."""
     end = start + len(raw)
     at = ids.count(_SEP_BYTES, 0, start) * _WORD.size
     if end == len(ids):  # the newest already: its digest replaced
