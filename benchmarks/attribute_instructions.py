@@ -146,6 +146,8 @@ def _compile(python: str, directory: str) -> None:
 def _buckets(python: str, url: str, by: str) -> list[str]:
     """The plugin's modules (or functions) a tools/call enters, counted
     natively with sys.setprofile, most called first."""
+    from instructions import _env as plugin_env
+
     script = f"""
 import asyncio, collections, os, sys
 sys.path.insert(0, {str(HERE)!r})
@@ -169,23 +171,19 @@ for name, count in seen.most_common():
         print(name)
 """
     out = subprocess.run([python, "-c", script], check=True, capture_output=True, text=True,
-                         env=_env()).stdout
+                         env=plugin_env()).stdout
     return out.split()
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE)])
-    return env
-
-
 def _count(valgrind: str, python: str, bucket: str, n: int, url: str, directory: str) -> float:
+    from instructions import _env as plugin_env
+
     out = Path(tempfile.mkdtemp(prefix="attribute-", dir=directory))
     subprocess.run(
         [valgrind, "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
          f"--callgrind-out-file={out / 'callgrind.out'}", python, str(Path(__file__).resolve()),
          "--worker", bucket, str(n), url, directory],
-        check=True, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        check=True, env=plugin_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     totals: dict[int, int] = {}
     for dump in out.glob("callgrind.out.*"):

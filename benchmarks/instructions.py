@@ -624,32 +624,35 @@ def per_unit(script: Path, names: tuple[str, ...], ns: tuple[int, int]) -> dict[
     return found
 
 
+def cachegrind(valgrind: str, log: Path) -> list[str]:
+    """The command prefix that counts a process's instructions alone, into ``log``."""
+    return [valgrind, "--tool=cachegrind", "--cache-sim=no", "--trace-children=no",
+            "--cachegrind-out-file=/dev/null", f"--log-file={log}"]
+
+
+def instructions_in(log: Path, what: object) -> int:
+    """The instruction count cachegrind wrote to ``log``."""
+    text = log.read_text()
+    match = re.search(r"I\s+refs:\s+([\d,]+)", text)
+    if match is None:
+        raise RuntimeError(f"no instruction count for {what}:\n{text[-2000:]}")
+    return int(match.group(1).replace(",", ""))
+
+
 def count_instructions(valgrind: str, command: list[str]) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "valgrind.log"
         result = subprocess.run(
-            [
-                valgrind,
-                "--tool=cachegrind",
-                "--cache-sim=no",
-                "--trace-children=no",
-                "--cachegrind-out-file=/dev/null",
-                f"--log-file={log}",
-                *command,
-            ],
+            [*cachegrind(valgrind, log), *command],
             env=_env(),
             capture_output=True,
             text=True,
             timeout=1800,
             check=False,
         )
-        text = log.read_text()
-    if result.returncode != 0:
-        raise RuntimeError(f"{command[3:]} failed under valgrind:\n{result.stderr[-3000:]}")
-    match = re.search(r"I\s+refs:\s+([\d,]+)", text)
-    if match is None:
-        raise RuntimeError(f"no instruction count for {command[3:]}:\n{text[-2000:]}")
-    return int(match.group(1).replace(",", ""))
+        if result.returncode != 0:
+            raise RuntimeError(f"{command[3:]} failed under valgrind:\n{result.stderr[-3000:]}")
+        return instructions_in(log, command[3:])
 
 
 def time_loop(command: list[str]) -> dict[str, list[float]]:

@@ -332,21 +332,19 @@ def start_seconds(name: str, upstream_port: int, scratch: Path, rounds: int) -> 
 
 
 def instructions(name: str, upstream_port: int, scratch: Path, ns: tuple[int, int]) -> float:
+    from instructions import cachegrind, instructions_in  # this folder's, as a script's
+
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         return float("nan")
     counts = []
     for n in ns:
         log = scratch / f"cg-{name}-{n}.log"
-        wrap = [valgrind, "--tool=cachegrind", "--cache-sim=no", "--trace-children=no",
-                "--cachegrind-out-file=/dev/null", f"--log-file={log}"]
+        wrap = cachegrind(valgrind, log)
         forwarder = start(name, upstream_port, scratch, wrap)
         asyncio.run(read_stream(forwarder.url, n, 0, None))
         forwarder.stop()
-        match = re.search(r"I\s+refs:\s+([\d,]+)", log.read_text())
-        if match is None:
-            raise RuntimeError(f"no count for {name}: {log.read_text()[-2000:]}")
-        counts.append(int(match.group(1).replace(",", "")))
+        counts.append(instructions_in(log, name))
     return (counts[1] - counts[0]) / (ns[1] - ns[0])
 
 

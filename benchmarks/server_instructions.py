@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -95,22 +94,24 @@ def serve(config: str, answer: str) -> None:
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE), str(ROOT / "tests")])
-    env.pop("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", None)
+    from instructions import _env as plugin_env
+
+    env = plugin_env()
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT / "tests")])
     return env
 
 
 def count(valgrind: str, python: str, config: str, answer: str, n: int) -> int:
     """The server's instructions for a session of ``n`` tools/call."""
+    from instructions import cachegrind, instructions_in
+
     from server_harness import RawSession
 
     with tempfile.TemporaryDirectory() as scratch:
         log = Path(scratch) / "valgrind.log"
         process = subprocess.Popen(
-            [valgrind, "--tool=cachegrind", "--cache-sim=no", "--trace-children=no",
-             "--cachegrind-out-file=/dev/null", f"--log-file={log}", python,
-             str(Path(__file__).resolve()), "--serve", config, answer],
+            [*cachegrind(valgrind, log), python, str(Path(__file__).resolve()), "--serve",
+             config, answer],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(), text=True,
         )
         try:
@@ -125,11 +126,7 @@ def count(valgrind: str, python: str, config: str, answer: str, n: int) -> int:
         finally:
             process.stdin.close()
             process.wait(timeout=600)
-        text = log.read_text()
-    match = re.search(r"I\s+refs:\s+([\d,]+)", text)
-    if match is None:
-        raise RuntimeError(f"no instruction count for {config}, {answer}, {n}:\n{text[-2000:]}")
-    return int(match.group(1).replace(",", ""))
+        return instructions_in(log, (config, answer, n))
 
 
 def main() -> None:
