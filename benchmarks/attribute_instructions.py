@@ -111,13 +111,16 @@ def worker(bucket: str, n: int, url: str, extension_dir: str) -> None:
     @contextlib.contextmanager
     def measured(name: str):
         monitoring.use_tool_id(tool, "attribute_instructions")
-        for event in (events.PY_START, events.PY_RESUME, events.PY_THROW):
-            monitoring.register_callback(tool, event, cgmon.on_start)
-        for event in (events.PY_RETURN, events.PY_YIELD, events.PY_UNWIND):
-            monitoring.register_callback(tool, event, cgmon.on_return)
+        mask = 0
+        for callback, kinds in ((cgmon.on_start, (events.PY_START, events.PY_RESUME,
+                                                  events.PY_THROW)),
+                                (cgmon.on_return, (events.PY_RETURN, events.PY_YIELD,
+                                                   events.PY_UNWIND))):
+            for event in kinds:
+                monitoring.register_callback(tool, event, callback)
+                mask |= event
         cgmon.start(classify)
-        monitoring.set_events(tool, events.PY_START | events.PY_RESUME | events.PY_THROW
-                              | events.PY_RETURN | events.PY_YIELD | events.PY_UNWIND)
+        monitoring.set_events(tool, mask)
         try:
             yield
         finally:

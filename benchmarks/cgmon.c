@@ -18,7 +18,6 @@ static PyObject *cache = NULL;
 static signed char stack[MAXD];
 static int depth = 0;
 static int collecting = 0;
-static long long events = 0, counted_events = 0;
 
 static inline int top_state(void) { return depth > 0 && depth <= MAXD ? stack[depth-1] : 0; }
 
@@ -41,7 +40,7 @@ static void push(PyObject *code) {
     depth++;
 }
 
-#define ENTER int was = collecting; if (was) { CALLGRIND_TOGGLE_COLLECT; collecting = 0; } events++; counted_events += was;
+#define ENTER if (collecting) { CALLGRIND_TOGGLE_COLLECT; collecting = 0; }
 #define LEAVE if (top_state() & 1) { CALLGRIND_TOGGLE_COLLECT; collecting = 1; } Py_RETURN_NONE;
 
 static PyObject *on_start(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -58,7 +57,7 @@ static PyObject *on_return(PyObject *self, PyObject *const *args, Py_ssize_t n) 
 static PyObject *start(PyObject *self, PyObject *fn) {
     Py_XDECREF(classify_fn); Py_INCREF(fn); classify_fn = fn;
     if (!cache) cache = PyDict_New();
-    depth = 0; events = 0; counted_events = 0;
+    depth = 0;
     CALLGRIND_ZERO_STATS;
     CALLGRIND_START_INSTRUMENTATION;
     Py_RETURN_NONE;
@@ -67,7 +66,7 @@ static PyObject *stop(PyObject *self, PyObject *name) {
     if (collecting) { CALLGRIND_TOGGLE_COLLECT; collecting = 0; }
     CALLGRIND_STOP_INSTRUMENTATION;
     CALLGRIND_DUMP_STATS_AT(PyUnicode_AsUTF8(name));
-    return Py_BuildValue("(LL)", events, counted_events);
+    Py_RETURN_NONE;
 }
 static PyMethodDef M[] = {
     {"start", start, METH_O, ""}, {"stop", stop, METH_O, ""},
