@@ -562,6 +562,9 @@ def test_webhook_terminate_posts_a_signed_envelope(events):
                 subscribed = await wire.subscribe(REPLAYABLE, receiver.url, secret)
                 events.terminate()
                 await until(lambda: len(receiver.received()) == 1)
+                # The server logs the ending once the receiver has answered its POST.
+                await until(lambda: events.log.exchange(subscribed["id"], "webhook").ended
+                            == "terminated")
                 return subscribed
 
         subscribed = run(scenario())

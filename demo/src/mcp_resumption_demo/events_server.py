@@ -760,7 +760,7 @@ class EventsServer:
                         finish = (kind, error)
                         break
                 if finish is not None:
-                    ending = await self._finish(finish, notify, send, request_id)
+                    ending = await self._finish(finish, notify, send, exchange, request_id)
                     break
                 if not stream.silent:
                     await self._deliver_stream(stream, notify)
@@ -775,11 +775,12 @@ class EventsServer:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stream.wake.wait(), timeout)
         finally:
+            # Logged before the stream leaves ``open_streams``: await_streams waits on that.
+            self.log.update(exchange, ended=ending)
             with self._lock:
                 if stream in self._streams:
                     self._streams.remove(stream)
             watcher.cancel()
-            self.log.update(exchange, ended=ending)
 
     async def _deliver_stream(self, stream: _Stream, notify) -> None:
         spec = stream.type
@@ -807,7 +808,7 @@ class EventsServer:
             stream.next_offset = event.offset + 1
         stream.next_offset = max(stream.next_offset, head + 1)
 
-    async def _finish(self, finish: tuple[str, object], notify, send, request_id) -> str:
+    async def _finish(self, finish: tuple[str, object], notify, send, exchange, request_id) -> str:
         kind, error = finish
         if kind == "cut":
             with self._cut_filter._lock:
@@ -817,9 +818,12 @@ class EventsServer:
             await notify("notifications/events/terminated", {"error": error.body()})  # type: ignore[union-attr]
         final = {"jsonrpc": "2.0", "id": request_id,
                  "result": {"resultType": "complete", "_meta": {SUBSCRIPTION_ID: request_id}}}
+        ending = "terminated" if kind == "terminated" else "completed"
+        # Logged before the result goes out: a client that read it may look at the log at once.
+        self.log.update(exchange, ended=ending)
         await send({"type": "http.response.body", "more_body": False,
                     "body": f"event: message\ndata: {json.dumps(final)}\n\n".encode()})
-        return "terminated" if kind == "terminated" else "completed"
+        return ending
 
     # -- webhook --------------------------------------------------------------
     def _webhook_params(self, params: dict, headers: dict, mode: str) -> tuple:
