@@ -236,6 +236,8 @@ async def test_a_push_stream_reopened_from_an_older_cursor_counts_what_came_agai
                 for _ in range(7):
                     await again.next_event()
             second = again.request_id
+            # The server logs a delivery after its write: its streams' ends come after both.
+            await server.await_streams(0)
         # The wire: the ids the second stream delivered that the first had.
         twice = set(server.log.delivered_ids(first)) & set(server.log.delivered_ids(second))
         assert len(twice) == 7
