@@ -43,6 +43,13 @@ class TaskRouter(WireRouter):
             return None
         return json.loads(body)
 
+    def answered(self, exchange: Exchange) -> dict | None:
+        """``answer`` for a wait: None while its body is still crossing."""
+        try:
+            return self.answer(exchange)
+        except ValueError:
+            return None
+
     def of(self, method: str) -> list[Exchange]:
         return [e for e in self.exchanges if e.request.jsonrpc_method == method]
 
